@@ -47,6 +47,9 @@ class Trajectory:
       boundary_values: `[S]` critic values at the boundary before each step
         (CARL), filled in by the trainer.
       policy_version: the policy step that generated it.
+      episode_steps: number of steps of the whole episode when this row holds
+        only some of them (a CARL view, `agentrl.rollout.segments`); None:
+        the row's own `step_id` tells.
       metadata: free-form (task, judge rationales, tool I/O, ...).
     """
 
@@ -68,6 +71,7 @@ class Trajectory:
     reference_turns: int | None = None
     boundary_values: np.ndarray | None = None
     policy_version: int = 0
+    episode_steps: int | None = None
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
@@ -97,7 +101,8 @@ class Trajectory:
 
     @property
     def num_steps(self) -> int:
-        return int(self.step_id.max(initial=-1)) + 1
+        own = int(self.step_id.max(initial=-1)) + 1
+        return own if self.episode_steps is None else max(own, self.episode_steps)
 
     @property
     def num_turns(self) -> int:
