@@ -26,7 +26,7 @@ class ScriptedEngine:
         for prompt, p in zip(prompts, per_prompt_params(prompts, params), strict=True):
             self.prompts.append(list(prompt))
             text = self.respond(self.tokenizer.decode(list(prompt)))
-            ids = self.tokenizer.encode(text) + [self.tokenizer.eos_token_id]
+            ids = [*self.tokenizer.encode(text), self.tokenizer.eos_token_id]
             finish = "stop"
             if len(ids) > p.max_new_tokens:
                 ids, finish = ids[: p.max_new_tokens], "length"

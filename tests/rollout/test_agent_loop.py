@@ -37,7 +37,7 @@ def calculator_executor(calls):
         if c["name"] != "calculator":
             results.append(f"Error: unknown tool {c['name']!r}; available: ['calculator']")
         else:
-            results.append(str(eval(c["arguments"]["expression"], {"__builtins__": {}})))  # noqa: S307
+            results.append(str(eval(c["arguments"]["expression"], {"__builtins__": {}})))
     return results
 
 

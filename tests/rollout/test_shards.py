@@ -41,7 +41,7 @@ def test_round_trip_keeps_every_field(tmp_path):
 def test_other_format_versions_are_refused(tmp_path, monkeypatch):
     path = shards.write_shard(tmp_path / "old", [make()])
     monkeypatch.setattr(shards, "TRAJECTORY_FORMAT_VERSION", 99)
-    with pytest.raises(ValueError, match="format_version=1.*reads version 99"):
+    with pytest.raises(ValueError, match=r"format_version=1.*reads version 99"):
         shards.read_shard(path)
 
 
