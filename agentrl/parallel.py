@@ -63,20 +63,25 @@ class MeshConfig:
                     f"do not divide by {known}."
                 )
             sizes[sizes.index(-1)] = num_devices // known
-        if math.prod(sizes) != num_devices:
+        if math.prod(sizes) > num_devices:
             raise ValueError(
                 f"MeshConfig {dict(zip(MESH_AXES, sizes, strict=True))} needs {math.prod(sizes)} "
-                f"devices, but {num_devices} are available; make data × fsdp × tensor equal "
-                "the device count (or set one axis to -1)."
+                f"devices, but {num_devices} are available; make data × fsdp × tensor at most "
+                "the device count (or set one axis to -1 to use all of them)."
             )
         return tuple(sizes)
 
 
 def make_mesh(config: MeshConfig | None = None, devices: Sequence[Any] | None = None) -> Mesh:
-    """A `(data, fsdp, tensor)` mesh with Auto (GSPMD) axis types."""
+    """A `(data, fsdp, tensor)` mesh with Auto (GSPMD) axis types.
+
+    A mesh smaller than the device count uses the first `data × fsdp × tensor`
+    devices.
+    """
     config = config or MeshConfig()
     devices = list(devices) if devices is not None else jax.devices()
     shape = config.shape(len(devices))
+    devices = devices[: math.prod(shape)]
     device_array = np.asarray(devices).reshape(shape)
     return Mesh(device_array, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 

@@ -138,6 +138,7 @@ class Batch:
       checklist_step_mask: `[B, L, S_turn]` bool; a turn was reached iff it has
         a valid step.
       reference_turns: `[B]` reference dialogue turn counts.
+      lengths: `[B]` int32 number of real tokens of each row (padding after).
       group_size: G (static).
     """
 
@@ -162,6 +163,7 @@ class Batch:
     checklist_item_mask: chex.Array | None = None
     checklist_step_mask: chex.Array | None = None
     reference_turns: chex.Array | None = None
+    lengths: chex.Array | None = None
     group_size: int = flax.struct.field(pytree_node=False, default=1)
 
     @property
@@ -263,6 +265,7 @@ def collate(
         step_id=per_token("step_id", np.int32, -1),
         turn_id=per_token("turn_id", np.int32, -1),
         row_mask=np.ones(len(ts), bool),
+        lengths=np.asarray([min(len(t.tokens), length) for t in ts], np.int32),
         outcome=np.asarray([t.outcome for t in ts], np.float32),
         step_mask=np.arange(steps)[None, :] < np.asarray(step_counts)[:, None],
         turn_mask=np.arange(turns)[None, :] < np.asarray(turn_counts)[:, None],

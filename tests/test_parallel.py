@@ -18,8 +18,9 @@ MESHES = [(8, 1, 1), (1, 8, 1), (2, 2, 2), (1, 4, 2), (4, 1, 2)]
 def test_mesh_config_shapes_and_errors():
     assert parallel.MeshConfig().shape(8) == (8, 1, 1)
     assert parallel.MeshConfig(data=-1, fsdp=2, tensor=2).shape(8) == (2, 2, 2)
-    with pytest.raises(ValueError, match="needs 6 devices"):
-        parallel.MeshConfig(data=3, fsdp=2, tensor=1).shape(8)
+    with pytest.raises(ValueError, match="needs 9 devices"):
+        parallel.MeshConfig(data=3, fsdp=3, tensor=1).shape(8)
+    assert len(parallel.make_mesh(parallel.MeshConfig(data=1, fsdp=2)).devices.flat) == 2
     with pytest.raises(ValueError, match="at most one axis may be -1"):
         parallel.MeshConfig(data=-1, fsdp=-1).shape(8)
     mesh = parallel.make_mesh(parallel.MeshConfig(data=2, fsdp=2, tensor=2))

@@ -141,7 +141,7 @@ def test_cli_config_file_with_override(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--mesh", "data=3", "--num-devices", "8"], "needs 3 devices, but 8 are available"),
+    (["--mesh", "data=16", "--num-devices", "8"], "needs 16 devices, but 8 are available"),
     (["--mesh", "data=1,fsdp=8,tensor=1", "--num-devices", "4"], "needs 8 devices, but 4"),
     (["--mesh", "pipeline=2"], "is not AXIS=SIZE"),
     (["--mesh", "data=two"], "is not an integer"),

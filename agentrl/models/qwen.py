@@ -560,16 +560,17 @@ def token_logprobs_and_entropy(
 ) -> tuple[Array, Array]:
     """`log π(targets)` and the entropy per position, without `[B, T, V]` logits.
 
-    The sequence is processed in chunks of `chunk_size`; each chunk's logits
-    (`[B, chunk, V]`, float32) exist only inside a rematerialised function, so
-    peak memory is one chunk in the forward and in the backward pass.
+    The `B × T` positions are flattened and processed `chunk_size` at a time;
+    each chunk's logits (`[chunk, V]`, float32) exist only inside a
+    rematerialised function, so peak memory is one chunk in the forward and in
+    the backward pass, whatever the batch size.
 
     Args:
       hidden: `[B, T, D]` final hidden states.
       targets: `[B, T]` int token ids whose log-probabilities are wanted (the
         next tokens, i.e. `tokens[:, 1:]` aligned with `hidden[:, :-1]`).
       unembed: `[D, V]` output projection.
-      chunk_size: positions per chunk.
+      chunk_size: positions (over the whole batch) per chunk.
       remat: recompute each chunk's logits in the backward pass (default) so
         only one chunk's logits are ever alive; False keeps them for the
         backward pass (faster when all `[B, T, V]` float32 logits fit).
@@ -577,31 +578,30 @@ def token_logprobs_and_entropy(
     Returns:
       `(logprobs [B, T], entropy [B, T])`, float32.
     """
-    batch, length, _ = hidden.shape
-    chunk = min(chunk_size, length)
-    pad = (-length) % chunk
-    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
-    targets = jnp.pad(jnp.asarray(targets, jnp.int32), ((0, 0), (0, pad)))
-    num_chunks = hidden.shape[1] // chunk
-    hidden_chunks = hidden.reshape(batch, num_chunks, chunk, -1).swapaxes(0, 1)
-    target_chunks = targets.reshape(batch, num_chunks, chunk).swapaxes(0, 1)
+    batch, length, width = hidden.shape
+    positions = batch * length
+    chunk = max(1, min(chunk_size, positions))
+    pad = (-positions) % chunk
+    flat_hidden = jnp.pad(hidden.reshape(positions, width), ((0, pad), (0, 0)))
+    flat_targets = jnp.pad(jnp.asarray(targets, jnp.int32).reshape(positions), ((0, pad),))
+    num_chunks = flat_hidden.shape[0] // chunk
+    hidden_chunks = flat_hidden.reshape(num_chunks, chunk, width)
+    target_chunks = flat_targets.reshape(num_chunks, chunk)
 
     def one_chunk(h, t):
-        rows = h.shape[0] * h.shape[1]
-        logits = jnp.matmul(h.reshape(rows, -1), unembed.astype(h.dtype),
-                            preferred_element_type=jnp.float32)
+        logits = jnp.matmul(h, unembed.astype(h.dtype), preferred_element_type=jnp.float32)
         lse = jax.nn.logsumexp(logits, axis=-1)
         # A one-hot select instead of take_along_axis: its gradient is a fused
         # select, not a zero-filled [rows, V] buffer plus a scatter.
         vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
-        picked = jnp.sum(jnp.where(vocab == t.reshape(rows, 1), logits, 0.0), axis=-1) - lse
+        picked = jnp.sum(jnp.where(vocab == t[:, None], logits, 0.0), axis=-1) - lse
         probs = jnp.exp(logits - lse[:, None])
         entropy = lse - jnp.sum(probs * logits, axis=-1)
-        return picked.reshape(t.shape), entropy.reshape(t.shape)
+        return picked, entropy
 
     if remat:
         one_chunk = jax.checkpoint(one_chunk)
     logprobs, entropy = jax.lax.map(lambda args: one_chunk(*args), (hidden_chunks, target_chunks))
-    logprobs = logprobs.swapaxes(0, 1).reshape(batch, -1)[:, :length]
-    entropy = entropy.swapaxes(0, 1).reshape(batch, -1)[:, :length]
+    logprobs = logprobs.reshape(-1)[:positions].reshape(batch, length)
+    entropy = entropy.reshape(-1)[:positions].reshape(batch, length)
     return logprobs, entropy

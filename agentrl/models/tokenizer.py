@@ -36,6 +36,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import tiktoken
 import tokenizers
 
@@ -407,3 +408,77 @@ def get_tokenizer(name_or_path: str | os.PathLike) -> Tokenizer:
             return TokenizerJsonTokenizer(path)
         raise ValueError(f"{str(path)!r} holds no tokenizer.json; get_tokenizer takes {_ACCEPTED}")
     raise ValueError(f"unknown tokenizer {str(name_or_path)!r}: get_tokenizer takes {_ACCEPTED}")
+
+
+class CompactTokenizer(Tokenizer):
+    """A tokenizer restricted to the ids a task uses, renumbered 0..K-1.
+
+    For tiny CPU models (the demo): the BPE still runs on the full Qwen
+    vocabulary, but the model's embedding and output layers only need the K
+    ids the task's texts produce, which cuts the LM head's cost by the ratio
+    V / K (151k → about a thousand). Id 0 is reserved for base ids outside
+    the subset (encoded text the task never produced); it decodes to U+FFFD.
+    Checkpoints of such a model are not loadable as Qwen checkpoints.
+
+    Build it with `compact_tokenizer(base, texts)`.
+    """
+
+    UNKNOWN = "\ufffd"
+
+    def __init__(self, base: Tokenizer, base_ids: Sequence[int]):
+        ids = sorted({int(i) for i in base_ids} | set(base.stop_token_ids)
+                     | set(base.special_tokens.values()) | {base.pad_token_id})
+        self.base = base
+        self.base_ids = np.asarray([-1, *ids], np.int64)  # compact id → base id
+        self._compact = {base_id: k for k, base_id in enumerate(self.base_ids.tolist()) if k}
+        special = {token: self._compact[i] for token, i in base.special_tokens.items()}
+        super().__init__(special)
+        self.name = f"compact({base.name}, {len(self.base_ids)})"
+        self.eos_token_id = self._compact[base.eos_token_id]
+        self.pad_token_id = self._compact[base.pad_token_id]
+        self.stop_token_ids = tuple(self._compact[i] for i in base.stop_token_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.base_ids)
+
+    def to_compact(self, base_ids: Sequence[int]) -> list[int]:
+        return [self._compact.get(int(i), 0) for i in base_ids]
+
+    def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
+        return self.to_compact(self.base.encode(text, allow_special=allow_special))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        ids = _check_ids(ids, self.vocab_size)
+        out, run = [], []
+        for k in ids:
+            if k == 0:
+                if run:
+                    out.append(self.base.decode(run))
+                    run = []
+                out.append(self.UNKNOWN)
+            else:
+                run.append(int(self.base_ids[k]))
+        if run:
+            out.append(self.base.decode(run))
+        return "".join(out)
+
+    def token_to_id(self, token: str) -> int | None:
+        base_id = self.base.token_to_id(token)
+        return None if base_id is None else self._compact.get(base_id)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        if not 0 < token_id < self.vocab_size:
+            return None
+        return self.base.id_to_token(int(self.base_ids[token_id]))
+
+
+def compact_tokenizer(base: Tokenizer, texts: Iterable[str], *, extra_ids: Iterable[int] = ()
+                      ) -> CompactTokenizer:
+    """The `CompactTokenizer` covering every id of `texts` (plus all single digits)."""
+    ids = set(int(i) for i in extra_ids)
+    for digit in "0123456789":
+        ids.update(base.encode(digit))
+    for text in texts:
+        ids.update(base.encode(text))
+    return CompactTokenizer(base, sorted(ids))

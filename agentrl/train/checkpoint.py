@@ -1,7 +1,12 @@
-"""Orbax parameter checkpoints: a parameter tree and the `QwenConfig` that built it.
+"""Orbax checkpoints: parameter trees (`save_params`) and whole runs (`TrainCheckpointer`).
 
     save_params("/ckpt/run1/params", policy.params, policy.config, step=100)
     config, params = restore_params("/ckpt/run1/params", mesh=mesh)   # latest step
+
+`TrainCheckpointer` (end of this module) saves the whole training state
+(`TrainState`, the data iterators' JSON state, metadata) every N steps, keeps
+the last K and restores onto any mesh; see its docstring. The rest of this
+docstring is about `save_params`.
 
 Layout. With `step=None` the directory itself is one checkpoint; with a step
 it holds one checkpoint per step (`directory/100/`, orbax `CheckpointManager`).
@@ -234,3 +239,206 @@ def restore_params(
         restored = checkpointer.restore(path, args=ocp.args.Composite(**{
             PARAMS_ITEM: ocp.args.StandardRestore(target)}))
     return config, restored[PARAMS_ITEM]
+
+
+# ---------------------------------------------------------------------------
+# Whole-run checkpoints: TrainState + data iterator state + metadata.
+# ---------------------------------------------------------------------------
+
+STATE_ITEM = "state"
+DATA_ITEM = "data"
+RUN_META_ITEM = "meta"
+TRAIN_FORMAT = "agentrl-train-v1"
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata
+    import platform
+
+    versions = {"python": platform.python_version()}
+    for package in ("agentrl", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "unknown"
+    return versions
+
+
+def _check_json(value: Any, what: str) -> None:
+    import json
+
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"TrainCheckpointer.save: {what} must be JSON-serialisable (dicts, lists, str, "
+            f"finite numbers, bool, None): {error}; convert it (e.g. ConfigDict.to_dict(), "
+            "int(jax_scalar)) before saving.") from None
+
+
+def abstract_like(state: Any, shardings: Any = None) -> Any:
+    """`jax.ShapeDtypeStruct`s of a state (arrays or shape structs), with `shardings` if given.
+
+    `shardings`: a tree of `jax.sharding.Sharding` matching `state` (None: keep
+    each leaf's own sharding).
+    """
+    if shardings is None:
+        return jax.tree_util.tree_map(
+            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                              sharding=getattr(leaf, "sharding", None)), state)
+    return jax.tree_util.tree_map(
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+        state, shardings)
+
+
+class TrainCheckpointer:
+    """Orbax checkpoints of a whole run: every `every` steps, keeping the last `keep`.
+
+        checkpointer = TrainCheckpointer(workdir / "checkpoints", keep=3, every=100)
+        step = checkpointer.latest_step()
+        if step is not None:
+            state, data_state, extra = checkpointer.restore(abstract_state=abstract)
+            prompts.set_state(data_state["prompts"])
+        ...
+        checkpointer.save(step, state, data_state={"prompts": prompts.get_state()},
+                          extra={"config": config.to_dict()})
+
+    Layout: `directory/<step>/` holds three orbax items: `state` (the
+    `TrainState` pytree, `StandardSave`: OCDBT/tensorstore, each host writes
+    its shards; the PRNG key is stored as a typed key), `data` (JSON: the data
+    iterators' states) and `meta` (JSON: format, step, library versions and
+    the caller's `extra`, e.g. the config).
+
+    Atomicity: orbax writes `<step>.orbax-checkpoint-tmp-*` and renames it
+    once all three items are on disk; `latest_step` and `restore` see only
+    finished steps, and leftovers of a killed save are deleted when the next
+    `TrainCheckpointer` opens the directory.
+
+    Multi-host: call `save`/`restore` from every process; `data_state` and
+    `extra` must be the same on all of them (process 0 writes the JSON).
+    """
+
+    def __init__(self, directory: str | pathlib.Path, *, keep: int | None = 3, every: int = 1):
+        if keep is not None and keep < 1:
+            raise ValueError(f"TrainCheckpointer: keep={keep} must be >= 1 (or None: keep all).")
+        if every < 1:
+            raise ValueError(f"TrainCheckpointer: every={every} must be >= 1.")
+        self.directory = pathlib.Path(directory).absolute()
+        self.keep = keep
+        self.every = every
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, enable_async_checkpointing=False, cleanup_tmp_directories=True)
+        self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
+            STATE_ITEM: ocp.StandardCheckpointHandler(),
+            DATA_ITEM: ocp.JsonCheckpointHandler(),
+            RUN_META_ITEM: ocp.JsonCheckpointHandler(),
+        })
+
+    # -- saving ------------------------------------------------------------
+
+    def should_save(self, step: int) -> bool:
+        """Whether `save(step, ...)` would write (step a multiple of `every`, not yet saved)."""
+        return step % self.every == 0 and step not in self._manager.all_steps()
+
+    def save(self, step: int, state: Any, *, data_state: Mapping[str, Any],
+             extra: Mapping[str, Any] | None = None, force: bool = False) -> bool:
+        """Saves when `step % every == 0` (or `force`); returns whether it saved.
+
+        A step that is already saved is left as it is (False). Blocks until
+        the checkpoint is finished and older ones beyond `keep` are deleted.
+        """
+        step = int(step)
+        if step in self._manager.all_steps() or not (force or step % self.every == 0):
+            return False
+        data_state = dict(data_state)
+        extra = dict(extra or {})
+        _check_json(data_state, "data_state")
+        _check_json(extra, "extra")
+        meta = {"format": TRAIN_FORMAT, "step": step, "versions": _versions(), "extra": extra}
+        self._manager.save(step, args=ocp.args.Composite(**{
+            STATE_ITEM: ocp.args.StandardSave(state),
+            DATA_ITEM: ocp.args.JsonSave(data_state),
+            RUN_META_ITEM: ocp.args.JsonSave(meta),
+        }), force=True)
+        self._manager.wait_until_finished()
+        return True
+
+    # -- reading -----------------------------------------------------------
+
+    def all_steps(self) -> list[int]:
+        """Finished steps, oldest first."""
+        self._manager.reload()
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The newest finished step (None: no checkpoint yet)."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def _resolve(self, step: int | None) -> int:
+        steps = self.all_steps()
+        if step is None:
+            if not steps:
+                raise FileNotFoundError(
+                    f"TrainCheckpointer.restore: no finished checkpoint in {self.directory}; "
+                    "check latest_step() is not None before restoring.")
+            return steps[-1]
+        if step not in steps:
+            raise FileNotFoundError(
+                f"TrainCheckpointer.restore: no finished checkpoint for step {step} in "
+                f"{self.directory}; finished steps: {steps}.")
+        return step
+
+    def meta(self, step: int | None = None) -> dict[str, Any]:
+        """The `meta` item of a step (format, step, versions, extra)."""
+        step = self._resolve(step)
+        restored = self._manager.restore(step, args=ocp.args.Composite(**{
+            RUN_META_ITEM: ocp.args.JsonRestore()}))
+        meta = dict(restored[RUN_META_ITEM])
+        if meta.get("format") != TRAIN_FORMAT:
+            raise ValueError(f"{self.directory / str(step)} is not a TrainCheckpointer checkpoint "
+                             f"(meta format {meta.get('format')!r}, expected {TRAIN_FORMAT!r}).")
+        return meta
+
+    def restore(self, step: int | None = None, *, abstract_state: Any = None,
+                shardings: Any = None) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        """Reads a checkpoint straight into the target shardings.
+
+        Args:
+          step: the step (None: the latest finished one).
+          abstract_state: the target tree (a `TrainState` of arrays or of
+            `jax.ShapeDtypeStruct`s, e.g. `jax.eval_shape(init)`); the result
+            has its structure, dtypes and shardings. None: the stored tree
+            (plain dicts/lists), every array on the first device.
+          shardings: a tree of shardings matching `abstract_state`,
+            overriding its leaves' own (e.g. a new mesh's).
+
+        Returns:
+          `(state, data_state, extra)`.
+        """
+        step = self._resolve(step)
+        meta = self.meta(step)
+        if abstract_state is None:
+            stored = self._manager.item_metadata(step)[STATE_ITEM]
+            stored = getattr(stored, "tree", stored)
+            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            target = jax.tree_util.tree_map(
+                lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device),
+                stored)
+        else:
+            target = abstract_like(abstract_state, shardings)
+        restored = self._manager.restore(step, args=ocp.args.Composite(**{
+            STATE_ITEM: ocp.args.StandardRestore(target),
+            DATA_ITEM: ocp.args.JsonRestore(),
+        }))
+        return restored[STATE_ITEM], dict(restored[DATA_ITEM]), dict(meta["extra"])
+
+    def close(self) -> None:
+        self._manager.close()
+
+    def __enter__(self) -> "TrainCheckpointer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

@@ -6,6 +6,8 @@ weights; hard ones (three-digit × two-digit products) need the calculator
 `\\boxed{}`; the reward is exact match of the boxed content (SPEC §7 EM).
 """
 
+import dataclasses
+
 import numpy as np
 
 from agentrl.envs.tasks.base import TaskInstance, register_task, split_seed
@@ -58,13 +60,21 @@ class ArithmeticTask:
 
     name = "arithmetic"
 
-    def __init__(self, hard_fraction: float = 0.5):
+    def __init__(self, hard_fraction: float = 0.5, compact_prompt: bool = False):
+        """Args: `hard_fraction` of questions need the tool; `compact_prompt` shortens the
+        calculator's description (165 instead of 247 prompt tokens; for tiny CPU models)."""
         if not 0 <= hard_fraction <= 1:
             raise ValueError(f"hard_fraction={hard_fraction} must be in [0, 1].")
         self.hard_fraction = hard_fraction
+        self.compact_prompt = compact_prompt
 
     def registry(self) -> ToolRegistry:
-        return ToolRegistry([calculator_tool()])
+        tool = calculator_tool()
+        if self.compact_prompt:
+            tool = dataclasses.replace(tool, description="Evaluate arithmetic.", parameters={
+                "type": "object", "properties": {"expression": {"type": "string"}},
+                "required": ["expression"]})
+        return ToolRegistry([tool])
 
     def instances(self, count: int, *, seed: int, split: str = "train") -> list[TaskInstance]:
         rng = np.random.default_rng(split_seed(seed, split))
