@@ -9,6 +9,7 @@ change. A mesh axis that does not divide a dimension is dropped for that array
 run on any mesh.
 """
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -164,3 +165,10 @@ def bytes_per_device(abstract_tree: Any, shardings: Any) -> int:
         shard_shape = sharding.shard_shape(leaf.shape)
         total += math.prod(shard_shape) * np.dtype(leaf.dtype).itemsize
     return total
+
+
+@contextlib.contextmanager
+def mesh_and_rules(mesh: Mesh, rules):
+    """`with jax.set_mesh(mesh), nn.logical_axis_rules(rules)` as one context."""
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        yield

@@ -25,9 +25,9 @@ engine `jax` | `vllm`. The λ ablation of App. H Table 10:
   tokens; the
   App. C gate (AUC 0.70, sign accuracy 0.60, EV 0.45). The built-in
   `arithmetic` task stands in for GSM8K / HotpotQA / 2WikiMQA / FinQA /
-  Musique until prompt JSONL files plug in; the four-bucket warm-up set of
+  Musique unless `data.train_prompts` names a prompt file; the four-bucket warm-up set of
   App. C and T_assimilate = 256 have no config field yet
-  (docs/training_configs_section.md, "Open fields").
+  (docs/training.md, "Open fields").
 """
 
 import importlib.util
@@ -78,7 +78,8 @@ def get_config(arg: str = "tiny"):
     c.rollout.top_p = 1.0  # Table 5: top-p 1.0
     c.rollout.top_k = 0  # Table 5: top-k −1 (off)
     c.task.name = "arithmetic"
-    c.task.options = dict(hard_fraction=0.5, compact_prompt=False)  # CARL prompts: no schema
+    c.task.options = dict(hard_fraction=0.5, compact_prompt=False,  # CARL prompts: no schema
+                          demo_tool_rate=1.0)
     c.loss.clip_low = c.loss.clip_high = 0.2  # Table 5: eps_clip 0.2
     c.loss.aggregation = "segment_mean_sum"  # SPEC §9.3 (the scheme's own)
     c.loss.value_coef = 0.5  # Table 5: vf_coef 0.5 (c_v, SPEC §9.3)

@@ -20,9 +20,9 @@ The G = 24 ablation of §5.2: `--config.rollout.group_size=24`.
 * `qwen3_8b`: Qwen3-8B-Base, cold-start SFT with App. A.2's settings, then RL
   with App. A.3's: GRPO with the std term set to 1, G = 48, lr 3e-6,
   mini-batch 128, KL 0.001, context 10k. The built-in `multiturn_tools` task
-  stands in for the 8k Nemotron-derived dialogues until prompt JSONL files plug
-  in; the paper's judge and tool simulator (Qwen3-30B-A3B, §4.3) have no
-  config field yet (docs/training_configs_section.md, "Open fields").
+  stands in for the 8k Nemotron-derived dialogues unless `data.train_prompts` names a prompt
+  file; the paper's judge and tool simulator (Qwen3-30B-A3B, §4.3) have no
+  config field yet (docs/training.md, "Open fields").
 """
 
 import importlib.util

@@ -41,14 +41,11 @@ MODELS_DIR = "/models"  # where paper-scale variants look for HF checkpoints
 ENGINES = ("jax", "vllm")
 VLLM_URL = "http://localhost:8000"  # `vllm serve` / launch/vllm_servers.sh default port
 VLLM_MODEL = "policy"  # --served-model-name of launch/vllm_servers.sh
+TOKENIZER_VOCAB = 151665  # ids the bundled Qwen2.5 tokenizer defines (the preset pads to 151936)
 
 # One place for the CPU sizes of every `tiny` variant (not paper numbers: a
 # random-init model with hidden size 64 needs an SFT warm start and large steps).
 TINY = dict(
-    # The bundled Qwen2.5 tokenizer's vocabulary. The preset's embedding is padded
-    # to 151936 like the real checkpoints; a random-init model samples the padding
-    # ids, which decode to nothing. Trimming the tiny model avoids that.
-    vocab_size=151665,
     prompts_per_step=4,      # prompts per RL step
     max_step_tokens=48,      # tokens per policy generation (a tool call fits in ~35)
     max_context_tokens=512,  # prompt + all steps
@@ -108,7 +105,10 @@ def tiny(c: ml_collections.ConfigDict) -> None:
     c.model.hf_path = ""
     c.model.dtype = "float32"
     c.model.remat = "none"
-    c.model.overrides = dict(vocab_size=TINY["vocab_size"])
+    # The bundled tokenizer renumbered to the ids of the task's texts: a random
+    # tiny model with the full 151,936-way output layer is 20x slower and samples
+    # ids that never occur (agentrl.models.tokenizer.CompactTokenizer).
+    c.model.compact_vocab = True
     c.tokenizer = "qwen2.5"  # bundled with agentrl (no network)
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = -1, 1, 1
     c.task.train_size = TINY["train_size"]
@@ -144,6 +144,9 @@ def engine(c: ml_collections.ConfigDict, name: str) -> None:
     if name == "vllm":
         c.rollout.vllm_urls = (VLLM_URL,)
         c.rollout.vllm_model = VLLM_MODEL
+        if c.model.compact_vocab:  # vLLM serves HF exports: keep the tokenizer's own ids,
+            c.model.compact_vocab = False  # trimmed to the 151,665 it defines
+            c.model.overrides = {**c.model.overrides, "vocab_size": TOKENIZER_VOCAB}
 
 
 def num_minibatches(trajectories: int, minibatch: int) -> int:

@@ -14,8 +14,8 @@
   only, trajectory-level advantage): Qwen2.5-7B (base), one search then an
   answer, G = 21, lr 1e-6, no KL, two iterations per batch. The built-in
   `multihop_search` task (1 hop, top-1 result) stands in for TriviaQA +
-  Wikipedia search until prompt JSONL files plug in (see
-  docs/training_configs_section.md, "Datasets").
+  Wikipedia search unless `data.train_prompts` names a prompt file (see
+  docs/training.md, "Datasets").
 
 Numbers without a source are marked "not stated" (our choice).
 """
@@ -51,7 +51,8 @@ def get_config(arg: str = "tiny"):
     if variant["model"] == "tiny":
         common.tiny(c)
         c.task.name = "arithmetic"
-        c.task.options = dict(hard_fraction=0.5, compact_prompt=True)  # ~174 prompt tokens
+        c.task.options = dict(hard_fraction=0.5, compact_prompt=True,  # ~174 prompt tokens
+                              demo_tool_rate=1.0)
         c.rollout.group_size = 8
         c.rollout.max_steps = 2  # calculator call, then the boxed answer
         c.rollout.max_context_tokens = 320  # prompt + two steps of 48 + the result

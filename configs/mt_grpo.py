@@ -14,13 +14,13 @@ Seed: `turn_level_credit_mt_grpo_mt_ppo.txt` §3.3, App. C (method), App. D
   the paper's two turns (search, then answer); SFT warm start, then MT-GRPO.
 * `qwen2_5_7b`: App. D.3 (G = 21, lr 1e-6, β = 0, 2 iterations, 300 optimizer
   steps). The built-in `multihop_search` task (1 hop, top-1 result) stands in
-  for TriviaQA + Wikipedia search until prompt JSONL files plug in.
+  for TriviaQA + Wikipedia search unless `data.train_prompts` names a prompt file.
 
 Every policy generation is one turn (`steps_are_turns`): MT-GRPO's turn is one
 reasoning → action → observation round (SPEC §1). The turn rewards of App. D.2
 (tool execution 0.2, search-result answer presence 0.5) and outcome rewards
 (`agentrl.rewards.mt_grpo_*`) are not selected by any config field yet
-(docs/training_configs_section.md, "Open fields").
+(docs/training.md, "Open fields").
 """
 
 import importlib.util

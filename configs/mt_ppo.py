@@ -19,11 +19,11 @@ token-level GAE, same γ = λ = 1 and everything else equal); engine `jax` |
   warm-up ratios 0.285 / 0.015, batch 512 with mini-batch 256, 500 steps, KL
   0.001, clip 0.2, up to 4 turns, 3 retrieved passages, response 500 tokens,
   sequence 4096. The built-in `multihop_search` task stands in for NQ +
-  HotpotQA over Wikipedia (E5) until prompt JSONL files plug in.
+  HotpotQA over Wikipedia (E5) unless `data.train_prompts` names a prompt file.
 
 The §5.2 reward components (`agentrl.rewards.mt_ppo_*`: EM, format, retrieval,
 search penalty) are not selected by any config field yet, and neither is the
-500-token cap on retrieved content (docs/training_configs_section.md, "Open
+500-token cap on retrieved content (docs/training.md, "Open
 fields").
 """
 

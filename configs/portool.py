@@ -27,9 +27,9 @@ The γ ablation of §4.3.1 (0, 0.9, 0.95, 1): `--config.credit.options.gamma=0.9
 * paper models: n = 8, γ = 0.95, format range ±0.25, no KL, LoRA r = 16,
   α = 8, lr 1e-6, batch 512 with PPO mini-batch 128, 100 steps (20 epochs).
   The built-in `multihop_search` task stands in for the paper's 17-tool
-  dataset until prompt JSONL files plug in; the evaluation agent that gives
+  dataset unless `data.train_prompts` names a prompt file; the evaluation agent that gives
   R_out (GPT-4o, §4.1) and the format score's tool-call success have no config
-  field yet (docs/training_configs_section.md, "Open fields"). The paper
+  field yet (docs/training.md, "Open fields"). The paper
   runs five epochs of SFT first (App. C.2): start from that checkpoint
   (`model.hf_path`) or set `--config.sft.steps`.
 """

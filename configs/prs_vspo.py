@@ -18,12 +18,12 @@ no resampling); engine `jax` | `vllm`. The T / α sweep of Table 5:
 * `tiny`: CPU in minutes on `multihop_search`; 5 rollouts per prompt.
 * paper models: full-parameter training, T = 0.1, α = 2, 5 rollouts, lr
   1e-7, KL 0.001, clip 0.2, temperature / top-p 1.0. The built-in
-  `multihop_search` task stands in for the seven Search-R1 QA datasets until
-  prompt JSONL files plug in. The long-form QA runs (Qwen3-14B / Qwen3-8B,
+  `multihop_search` task stands in for the seven Search-R1 QA datasets unless
+  `data.train_prompts` names a prompt file. The long-form QA runs (Qwen3-14B / Qwen3-8B,
   proprietary data, an LLM judge in PRS_long) are not reproducible from what
   ships. The PRS_short reward (eq. 13: process, format, short-form BLEU;
   `agentrl.rewards.prs_short`) has no config field that selects it yet
-  (docs/training_configs_section.md, "Open fields").
+  (docs/training.md, "Open fields").
 """
 
 import importlib.util

@@ -14,7 +14,7 @@
 # server it started.
 #
 # What VLLMEngine (agentrl/rollout/vllm_engine.py) needs from each server
-# (docs/rollouts_serving_section.md, "Running real vLLM servers"):
+# (docs/rollouts.md, "Running real vLLM servers"):
 #   --logprobs-mode processed_logprobs    logprobs of the sampling distribution
 #                                         (after temperature / top-p / top-k)
 #   VLLM_USE_FLASHINFER_SAMPLER=0         the sampler that returns them

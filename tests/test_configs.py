@@ -53,8 +53,6 @@ def variants(name: str) -> list[str]:
 ALL_VARIANTS = [(name, arg) for name in CONFIGS for arg in variants(name)]
 
 
-TOKENIZER_VOCAB = get_tokenizer("qwen2.5").vocab_size
-
 
 def paper(name: str, arg: str) -> bool:
     return arg.split(",")[0] != "tiny"
@@ -82,7 +80,11 @@ def test_every_variant_loads_locked_and_validates(name, arg):
     else:
         assert config.model.name == "tiny" and config.model.hf_path == ""
         assert config.tokenizer == "qwen2.5"
-        assert config.model.overrides.vocab_size == TOKENIZER_VOCAB
+        if config.rollout.engine == "vllm":  # vLLM needs HF ids: the full, trimmed vocabulary
+            assert not config.model.compact_vocab
+            assert config.model.overrides.vocab_size == get_tokenizer("qwen2.5").vocab_size
+        else:
+            assert config.model.compact_vocab
         assert config.sft.steps > 0  # a random tiny model needs the warm start
 
 
@@ -113,11 +115,15 @@ def test_overrides_apply_and_misspelled_fields_fail(name):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_vllm_urls_override_with_repeated_flags(name):
     arg = "tiny,vllm" if "engine" in module(name).AXES else "tiny"
-    config = load_config(f"configs/{name}.py:{arg}",
-                         ["--config.rollout.engine=vllm",
-                          "--config.rollout.vllm_urls=http://h1:8000",
-                          "--config.rollout.vllm_urls=http://h2:8000"])
+    flags = ["--config.rollout.engine=vllm", "--config.rollout.vllm_urls=http://h1:8000",
+             "--config.rollout.vllm_urls=http://h2:8000"]
+    config = load_config(f"configs/{name}.py:{arg}", flags)
     assert config.rollout.vllm_urls == ("http://h1:8000", "http://h2:8000")
+    if config.model.compact_vocab:  # cpu_demo: vLLM serves HF ids, which compact ids are not
+        with pytest.raises(ValueError, match=r"config\.rollout\.engine='vllm'.*compact_vocab"):
+            validate(config)
+        config = load_config(f"configs/{name}.py:{arg}",
+                             [*flags, "--config.model.compact_vocab=false"])
     validate(config)
 
 

@@ -2,7 +2,7 @@
 
 Every call starts a fresh process tree (`sandbox_launcher.py`) that puts these
 layers in force, each detected at runtime and reported in
-`SandboxResult.isolation` (see docs/rollouts_sandbox_section.md):
+`SandboxResult.isolation` (see docs/rollouts.md):
 
 * limits: wall clock (the whole process group is SIGKILLed), CPU seconds
   (RLIMIT_CPU), address space (RLIMIT_AS), file size (RLIMIT_FSIZE), open

@@ -78,7 +78,7 @@ class Policy:
     # -- forward -----------------------------------------------------------
 
     def _context(self):
-        return _MeshAndRules(self.mesh, self.rules)
+        return parallel.mesh_and_rules(self.mesh, self.rules)
 
     @functools.cached_property
     def _forward(self):
@@ -154,25 +154,6 @@ class Policy:
             params = weights.stack_layers(params, self.config.num_hidden_layers)
         return weights.save_hf_checkpoint(path, params, self.config, dtype=dtype,
                                           max_shard_bytes=max_shard_bytes)
-
-
-class _MeshAndRules:
-    """`with jax.set_mesh(mesh), nn.logical_axis_rules(rules)` as one context."""
-
-    def __init__(self, mesh, rules):
-        self.mesh, self.rules = mesh, rules
-
-    def __enter__(self):
-        self._mesh_ctx = jax.set_mesh(self.mesh)
-        self._rules_ctx = nn.logical_axis_rules(self.rules)
-        self._mesh_ctx.__enter__()
-        self._rules_ctx.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._rules_ctx.__exit__(*exc)
-        self._mesh_ctx.__exit__(*exc)
-        return False
 
 
 def load_pretrained(

@@ -18,7 +18,7 @@ jitted functions:
   `decode_logits` (one token per row; finished rows are masked: they write
   nothing and keep their cache index), until every row has stopped. A Python
   loop over the same jitted step (`decode_loop="host"`) gives the same
-  tokens and is slower on CPU (`docs/rollouts_engine_section.md`).
+  tokens and is slower on CPU (`docs/rollouts.md`).
 
 Shapes are bucketed so a new request rarely compiles: the batch is padded to
 a batch bucket (default: powers of two from the mesh's data-parallel size),

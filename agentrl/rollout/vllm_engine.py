@@ -8,7 +8,7 @@
     engine.sync_weights(policy, "/shared/export/step_100")           # full weights
     engine.sync_lora(params, spec, config, "/shared/lora/step_100", "policy-step-100")
 
-Protocol (vLLM 0.11; `docs/rollouts_serving_section.md`): one
+Protocol (vLLM 0.11; `docs/rollouts.md`): one
 `POST /v1/completions` per prompt with the prompt as token ids, `n=1`,
 `logprobs=0`, `return_token_ids=true` and `return_tokens_as_token_ids=true`;
 the completion's ids are read from `choices[0].token_ids` (or, from servers

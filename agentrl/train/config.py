@@ -120,6 +120,14 @@ def validate(c: ml_collections.ConfigDict) -> None:
         ("model.compact_vocab", c.model.compact_vocab,
          not (c.model.compact_vocab and c.model.hf_path),
          "a pretrained checkpoint keeps its vocabulary; set compact_vocab=False"),
+        ("train.export_hf", c.train.export_hf,
+         not (c.train.export_hf and c.model.compact_vocab),
+         "a compact-vocabulary model has no HF tokenizer to export with; set "
+         "model.compact_vocab=False or train.export_hf=False"),
+        ("rollout.engine", c.rollout.engine,
+         not (c.rollout.engine == "vllm" and c.model.compact_vocab),
+         "vLLM serves HF exports, which a compact-vocabulary model cannot make; set "
+         "model.compact_vocab=False or rollout.engine='jax'"),
         ("task.name", c.task.name, c.task.name in available_tasks(),
          f"use one of {available_tasks()}"),
         ("rollout.loop", c.rollout.loop, c.rollout.loop in LOOPS, f"use one of {LOOPS}"),

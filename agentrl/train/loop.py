@@ -20,7 +20,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -53,7 +52,7 @@ from agentrl.train.checkpoint import (
     restore_params,
     save_params,
 )
-from agentrl.train.metrics import MetricsWriter, ProgressBar
+from agentrl.train.metrics import MetricsWriter, ProgressBar, read_metrics
 from agentrl.train.plot import plot_metrics
 from agentrl.train.sft import demonstration_tokens, pack_rows, segment_demonstration_tokens
 from agentrl.train.state import (
@@ -258,7 +257,7 @@ class Trainer:
         return state
 
     def _context(self):
-        return _MeshRules(self.mesh, self.rules)
+        return parallel.mesh_and_rules(self.mesh, self.rules)
 
     # -- jitted functions --------------------------------------------------
 
@@ -504,6 +503,8 @@ class Trainer:
             else:
                 self.sync_engine()
         metrics.update(self._rollout_metrics(batch, output, old_logp, trajectories))
+        metrics.update(_credit_metrics(train_batch, values))
+        metrics["skipped_updates"] = float(self.state.skipped)
         metrics.update({f"time/{k}": v for k, v in timer.times.items()})
         return metrics
 
@@ -533,6 +534,10 @@ class Trainer:
         metrics = {f"credit/{k}": float(v) for k, v in output.metrics.items()}
         real = [t for t in trajectories]
         metrics["reward"] = float(np.mean([t.outcome for t in real]))
+        if batch.turn_rewards is not None:  # per-turn reward components (MT-GRPO, MT-PPO)
+            turn_mask = np.asarray(batch.turn_mask & batch.row_mask[:, None])
+            if turn_mask.any():
+                metrics["reward/turn"] = float(np.asarray(batch.turn_rewards)[turn_mask].mean())
         metrics["success"] = float(np.mean([t.metadata.get("success", False) for t in real]))
         metrics["tokens_per_episode"] = float(np.mean([t.loss_mask.sum() for t in real]))
         metrics["tool_calls_per_episode"] = float(np.mean([
@@ -587,14 +592,17 @@ class Trainer:
             last = metrics
         bar.close()
         writer.close()
+        saved_steps = checkpointer.all_steps()
         checkpointer.close()
-        if c.train.export_hf and not c.model.compact_vocab:
+        if c.train.export_hf:
             Policy(self.model_config, self.state.params["policy"], self.mesh, self.rules,
                    self.spec.lora).save_pretrained(self.workdir / "export")
+        plots = []
         try:
-            plot_metrics(self.workdir)
+            plots = plot_metrics(self.workdir)
         except Exception as err:  # plots are a convenience, never a failure of the run
             self.log(f"plotting failed: {err}")
+        self.log(run_summary(self.workdir, saved_steps, plots))
         return last
 
     def save(self, checkpointer: TrainCheckpointer, *, force: bool = False) -> None:
@@ -647,6 +655,28 @@ class Trainer:
         else:
             success = float(np.mean([t.metadata.get("success", False) for _, t in pairs]))
         return {"eval/success": success}
+
+
+def _credit_metrics(batch: TrainBatch, values) -> dict[str, float]:
+    """The critic's explained variance, 1 − Var(target − V) / Var(target).
+
+    Over the critic's targets: token returns (GAE schemes) or boundary
+    Monte-Carlo returns (CARL). Advantage statistics come from the scheme
+    (`credit/*`).
+    """
+    mask = np.asarray(batch.loss_mask)
+    metrics = {}
+    target = predicted = None
+    if batch.returns is not None and values is not None:
+        target, predicted = np.asarray(batch.returns)[mask], np.asarray(values)[mask]
+    elif batch.critic_positions is not None and values is not None:
+        weights = np.asarray(batch.critic_weights) > 0
+        predicted = np.take_along_axis(np.asarray(values), np.asarray(batch.critic_positions),
+                                       axis=1)[weights]
+        target = np.asarray(batch.critic_targets)[weights]
+    if target is not None and target.size > 1 and target.var() > 0:
+        metrics["explained_variance"] = float(1.0 - (target - predicted).var() / target.var())
+    return metrics
 
 
 def _bucket(rows: int) -> int:
@@ -732,20 +762,23 @@ def _merge_into(target, source):
     return source
 
 
-class _MeshRules:
-    def __init__(self, mesh, rules):
-        self.mesh, self.rules = mesh, rules
-
-    def __enter__(self):
-        self._a = jax.set_mesh(self.mesh)
-        self._b = nn.logical_axis_rules(self.rules)
-        self._a.__enter__()
-        self._b.__enter__()
-
-    def __exit__(self, *exc):
-        self._b.__exit__(*exc)
-        self._a.__exit__(*exc)
-        return False
+def run_summary(workdir: pathlib.Path, checkpoint_steps: Sequence[int], plots) -> str:
+    """The end-of-run lines: held-out success at every evaluation, and what was written."""
+    records = read_metrics(workdir / "metrics.jsonl")
+    evals = [(r["step"], r["eval/success"]) for r in records
+             if isinstance(r.get("eval/success"), float)]
+    lines = []
+    if evals:
+        lines.append("held-out success: " + " | ".join(f"step {s} {v:.2f}" for s, v in evals))
+    written = [f"checkpoints/ (steps {', '.join(map(str, checkpoint_steps))})", "metrics.jsonl"]
+    if (workdir / "tensorboard").exists():
+        written.append("tensorboard/")
+    if plots:
+        written.append(f"plots/ ({len(plots)} PNG)")
+    if (workdir / "export").exists():
+        written.append("export/ (HF)")
+    lines.append(f"wrote {workdir}: " + ", ".join(written))
+    return "\n".join(lines)
 
 
 def metrics_line(step: int, metrics: dict[str, float]) -> str:

@@ -47,7 +47,8 @@ WANDB_RUN_ID_FILE = "wandb_run_id.txt"
 PROGRESS_KEYS: dict[str, tuple[str, ...]] = {
     "reward": ("reward", "train/reward", "rollout/reward"),
     "success": ("success", "train/success", "rollout/success"),
-    "kl": ("kl", "train/kl", "approx_kl_old"),
+    "kl": ("kl", "train/kl"),
+    "tools": ("tool_calls_per_episode", "tool_calls"),
     "step_time": ("step_time", "time/step"),
 }
 

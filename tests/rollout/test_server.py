@@ -414,3 +414,26 @@ def test_serve_refuses_an_unknown_model(capsys):
 
     assert cli.main(["serve", "--model", "no-such-model-or-dir", "--port", "0"]) == 1
     assert "neither a checkpoint directory nor a preset" in capsys.readouterr().err
+
+
+def test_judges_run_against_agentrl_serve(server):
+    """CM2's checklist judge and PORTool's evaluator over real HTTP to our server.
+
+    The served model is random, so its replies are not verdict JSON: both
+    judges must retry, count the parse failures, and return the documented
+    defaults (item not satisfied; reward 0, unjudged) instead of raising.
+    """
+    from agentrl.envs.judges import ChecklistJudge, OutcomeEvaluator
+    from tests.envs.test_judges import HERMES_TURN, ITEMS, STEP_0
+
+    client = ChatClient(server.url, "policy", max_retries=0, timeout_s=120)
+    judge = ChecklistJudge(client, batch_items=True, max_retries=1, max_tokens=8)
+    assert judge.judge(ITEMS, STEP_0) == [False] * len(ITEMS)
+    stats = judge.stats  # one batched request and one retry; every item fails to parse in each
+    assert (stats.requests, stats.replies, stats.client_errors) == (2, 2, 0)
+    assert stats.parse_failures == 2 * len(ITEMS) and stats.defaulted_votes == len(ITEMS)
+    evaluator = OutcomeEvaluator(client, max_retries=1, max_tokens=8)
+    result = evaluator.evaluate("Where is the Eiffel Tower?", HERMES_TURN[1:])
+    assert (result.reward, result.label) == (0.0, None)
+    assert evaluator.stats.requests == 2 and evaluator.stats.parse_failures == 2
+    assert evaluator.stats.unjudged == 1

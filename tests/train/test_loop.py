@@ -47,7 +47,11 @@ def test_every_scheme_runs_a_full_step(spec, scheme, tmp_path):
     # The update moves the policy unless every advantage was zero.
     if metrics["credit/adv_abs_mean"] > 0:
         assert np.abs(after - before).max() > 0
-    assert {"reward", "success", "time/rollout", "time/update"} <= set(metrics)
+    assert {"reward", "success", "time/rollout", "time/update", "clip_fraction", "entropy",
+            "zero_variance_groups", "tokens_per_episode", "tool_calls_per_episode"} <= set(metrics)
+    assert metrics["skipped_updates"] == 0.0
+    if config.value.mode != "none":
+        assert "critic_loss" in metrics
 
 
 def test_bad_configs_fail_before_compute(tmp_path):
@@ -62,6 +66,10 @@ def test_bad_configs_fail_before_compute(tmp_path):
     config = tiny_base(tmp_path)
     config.rollout.loop = "dialogue"  # the arithmetic task has no dialogues
     with pytest.raises(ValueError, match=r"needs a dialogue task"):
+        validate(config)
+    config = tiny_base(tmp_path)
+    config.train.export_hf = True  # compact ids match no HF tokenizer
+    with pytest.raises(ValueError, match=r"config\.train\.export_hf=True .*compact_vocab"):
         validate(config)
     config = tiny_base(tmp_path)
     config.credit.scheme = "tree"  # needs the tree rollout

@@ -160,6 +160,8 @@ def test_progress_bar_shows_the_key_numbers():
     metrics = {"reward": 0.5, "success": 0.25, "kl": 0.0012, "step_time": 2.5, "other": 1}
     assert progress_text(metrics) == "reward 0.500 success 0.250 kl 1.20e-03 step_time 2.50s"
     assert progress_text({"train/reward": 1.0}) == "reward 1.000"
+    with_tools = {"reward": 1.0, "tool_calls_per_episode": 0.5}
+    assert progress_text(with_tools) == "reward 1.000 tools 0.500"
     stream = io.StringIO()
     bar = ProgressBar(10, initial=2, stream=stream, use_tqdm=False, min_interval_s=0)
     bar.update(3, metrics)

@@ -53,10 +53,20 @@ def run_update(spec, loss, mesh, batch, epochs=2, minibatches=2):
             return update(state, batch)
 
 
-@pytest.mark.parametrize("value,critic", [("none", "none"), ("shared", "boundary"),
-                                          ("separate", "token")])
-@pytest.mark.parametrize("shape", [(8, 1, 1), (2, 2, 2), (1, 4, 2)],
-                         ids=lambda s: "x".join(map(str, s)))
+VALUE_MODES = [("none", "none"), ("shared", "boundary"), ("separate", "token")]
+MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2)]
+
+
+def _mesh_cases():
+    """Every mesh × value mode; the default run covers each mesh and each mode once."""
+    for i, shape in enumerate(MESHES):
+        for j, (value, critic) in enumerate(VALUE_MODES):
+            marks = () if i == j else (pytest.mark.slow,)
+            yield pytest.param(shape, value, critic, marks=marks,
+                               id=f"{'x'.join(map(str, shape))}-{value}-{critic}")
+
+
+@pytest.mark.parametrize("shape,value,critic", list(_mesh_cases()))
 def test_update_on_8_devices_equals_1_device(shape, value, critic):
     spec = ModelSpec(CONFIG, value=value, head="carl" if value == "shared" else "linear")
     loss = LossConfig(critic=critic, kl_coef=0.0, entropy_coef=0.01)

@@ -60,13 +60,24 @@ class ArithmeticTask:
 
     name = "arithmetic"
 
-    def __init__(self, hard_fraction: float = 0.5, compact_prompt: bool = False):
-        """Args: `hard_fraction` of questions need the tool; `compact_prompt` shortens the
-        calculator's description (165 instead of 247 prompt tokens; for tiny CPU models)."""
-        if not 0 <= hard_fraction <= 1:
-            raise ValueError(f"hard_fraction={hard_fraction} must be in [0, 1].")
+    def __init__(self, hard_fraction: float = 0.5, compact_prompt: bool = False,
+                 demo_tool_rate: float = 1.0):
+        """Args:
+          hard_fraction: share of questions that need the tool.
+          compact_prompt: shorten the calculator's description (165 instead of 247
+            prompt tokens; for tiny CPU models).
+          demo_tool_rate: share of the hard questions whose demonstration calls
+            the calculator; the others answer directly (the right number, as a
+            demonstrator who knows it would). Below 1, a policy warm-started on
+            the demonstrations under-uses the tool, which RL then corrects (the
+            CPU demo's setting).
+        """
+        for name, value in (("hard_fraction", hard_fraction), ("demo_tool_rate", demo_tool_rate)):
+            if not 0 <= value <= 1:
+                raise ValueError(f"arithmetic task: {name}={value} must be in [0, 1].")
         self.hard_fraction = hard_fraction
         self.compact_prompt = compact_prompt
+        self.demo_tool_rate = demo_tool_rate
 
     def registry(self) -> ToolRegistry:
         tool = calculator_tool()
@@ -78,11 +89,13 @@ class ArithmeticTask:
 
     def instances(self, count: int, *, seed: int, split: str = "train") -> list[TaskInstance]:
         rng = np.random.default_rng(split_seed(seed, split))
+        demo_rng = np.random.default_rng([split_seed(seed, split), 1])  # questions stay the same
         tools = tuple(self.registry().schemas())
         out = []
         for index in range(count):
             hard = bool(rng.random() < self.hard_fraction)
             question, expression, answer = _question(rng, hard)
+            uses_tool = hard and bool(demo_rng.random() < self.demo_tool_rate)
             prompt = PromptSpec(
                 prompt_id=f"arithmetic-{split}-{seed}-{index}",
                 messages=({"role": "system", "content": SYSTEM},
@@ -92,7 +105,7 @@ class ArithmeticTask:
             )
             out.append(TaskInstance(
                 prompt=prompt, golds=(answer,),
-                demonstration=tool_demonstration(question, expression, answer, hard),
+                demonstration=tool_demonstration(question, expression, answer, uses_tool),
                 metadata={"hard": hard, "expression": expression,
                           "carl_demonstration": carl_demonstration(expression, answer, hard),
                           "carl_system": CARL_SYSTEM},

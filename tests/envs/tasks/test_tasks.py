@@ -89,6 +89,21 @@ def test_arithmetic_mix_of_easy_and_hard():
     assert all(int(i.golds[0]) < 19 for i in easy)
 
 
+def test_arithmetic_demo_tool_rate_leaves_questions_and_drops_some_tool_calls():
+    full = get_task("arithmetic", hard_fraction=0.5).instances(400, seed=3)
+    half = get_task("arithmetic", hard_fraction=0.5, demo_tool_rate=0.5).instances(400, seed=3)
+    assert [i.prompt.messages for i in full] == [i.prompt.messages for i in half]
+    hard = [i for i in half if i.metadata["hard"]]
+    calls = [sum(len(m.get("tool_calls", ())) for m in i.demonstration) for i in hard]
+    assert 0.35 < np.mean(calls) < 0.65  # about half of the hard demonstrations use the tool
+    for instance, count in zip(hard, calls, strict=True):  # the others answer directly
+        answer = instance.demonstration[-1]["content"]
+        assert answer == f"\\boxed{{{instance.golds[0]}}}"
+        assert len(instance.demonstration) == (5 if count else 3)
+    with pytest.raises(ValueError, match="demo_tool_rate"):
+        get_task("arithmetic", demo_tool_rate=1.5)
+
+
 def test_multihop_questions_need_their_hops():
     task = get_task("multihop_search")
     instances = task.instances(30, seed=2)
