@@ -247,7 +247,7 @@ def run_python(
         raise SandboxUnavailableError(f"the sandbox needs Linux, not {sys.platform}")
     _validate(code, timeout_s, memory_mb, cpu_s, max_output_bytes, max_file_mb, disk_mb,
               max_processes, max_open_files, require, without, env)
-    python = os.path.abspath(python or sys.executable)
+    python = _visible_interpreter(os.path.abspath(python or sys.executable))
     limits = {
         "cpu_s": math.ceil(cpu_s if cpu_s is not None else timeout_s),
         "memory_bytes": memory_mb * 2**20,
@@ -357,6 +357,30 @@ def _validate(code, timeout_s, memory_mb, cpu_s, max_output_bytes, max_file_mb, 
         if unknown:
             raise ValueError(f"unknown layer(s) in {name}: {sorted(unknown)}; "
                              f"choose from {sorted(allowed)}")
+
+
+PRIVATE_TMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm")  # the launcher mounts a tmpfs on each
+
+
+def _visible_interpreter(python: str) -> str:
+    """`python`, or the interpreter it links to when it lies under a private-tmp directory.
+
+    A virtualenv created under /tmp (e.g. a CI checkout there) would vanish
+    behind the sandbox's private tmpfs; its `bin/python` is a symlink to the
+    base interpreter, which runs the program instead (with the standard library
+    and the base installation's packages, not the virtualenv's).
+    """
+    def hidden(path: str) -> bool:
+        return any(path == d or path.startswith(d + "/") for d in PRIVATE_TMP_DIRS)
+
+    if not hidden(python):
+        return python
+    real = os.path.realpath(python)
+    if hidden(real):
+        raise SandboxError(
+            f"the interpreter {python} lies under {'/'.join(PRIVATE_TMP_DIRS)}, which the "
+            "sandbox replaces by a private tmpfs; pass python= an interpreter outside them.")
+    return real
 
 
 def _paths_to_expose(python: str) -> list[str]:

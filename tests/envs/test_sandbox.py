@@ -123,6 +123,20 @@ def test_normal_code_returns_stdout_and_exit_zero():
     assert result.isolation is not None and result.wall_s < 5
 
 
+def test_an_interpreter_link_under_tmp_runs_its_target():
+    """A virtualenv under /tmp would vanish behind the private tmpfs: its link target runs."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as directory:
+        link = pathlib.Path(directory) / "python"
+        link.symlink_to(os.path.realpath(sys.executable))
+        result = run_python("import sys\nprint(sys.version_info[:2])", python=str(link))
+    assert result.ok and result.stdout == f"{tuple(sys.version_info[:2])}\n"
+    with tempfile.TemporaryDirectory(dir="/tmp") as directory:
+        copy = pathlib.Path(directory) / "python"
+        copy.write_bytes(b"")
+        with pytest.raises(SandboxError, match="private tmpfs"):
+            run_python("print(1)", python=str(copy))
+
+
 def test_syntax_error_gives_nonzero_exit_and_traceback():
     result = run_python("def broken(:\n    pass\n")
     assert result.exit_code != 0
