@@ -25,22 +25,9 @@ The G = 24 ablation of §5.2: `--config.rollout.group_size=24`.
   config field yet (docs/training.md, "Open fields").
 """
 
-import importlib.util
-import pathlib
+from agentrl.train.config import base_config, load_sibling
 
-from agentrl.train.config import base_config
-
-
-def _load(name: str):
-    """A sibling file of configs/ (ml-collections loads configs by path, not as a package)."""
-    path = pathlib.Path(__file__).with_name(name)
-    spec = importlib.util.spec_from_file_location(f"agentrl_configs_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-common = _load("common.py")
+common = load_sibling(__file__, "common.py")
 AXES = {
     "model": ("tiny", "qwen3_8b"),
     "level": ("trajectory", "turn", "step"),

@@ -2,7 +2,8 @@
 
 Not a config (it has no `get_config`). ml-collections loads a config file by
 its path, not as a module of a package, so the configs load this file by path
-too (`_load("common.py")` at the top of each config).
+too (`load_sibling(__file__, "common.py")` at the top of each config;
+`agentrl.train.config.load_sibling`).
 
 The `arg` grammar (`--config configs/FILE.py:ARG`):
 

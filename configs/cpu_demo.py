@@ -16,22 +16,9 @@ wall time on 2 CPU cores).
 `arg`: `tiny` (the only model; the default).
 """
 
-import importlib.util
-import pathlib
+from agentrl.train.config import base_config, load_sibling
 
-from agentrl.train.config import base_config
-
-
-def _load(name: str):
-    """A sibling file of configs/ (ml-collections loads configs by path, not as a package)."""
-    path = pathlib.Path(__file__).with_name(name)
-    spec = importlib.util.spec_from_file_location(f"agentrl_configs_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-common = _load("common.py")
+common = load_sibling(__file__, "common.py")
 AXES = {"model": ("tiny",)}
 
 # Every number of the demo, in one place (tuned on the 2-core CPU; docs/benchmarks.md).

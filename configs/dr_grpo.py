@@ -12,20 +12,9 @@ constant `norm_length` is the generation budget (`max_steps × max_step_tokens`)
 Dr. GRPO's own paper settings are not in the seeds (docs/credit/grpo.md §5).
 """
 
-import importlib.util
-import pathlib
+from agentrl.train.config import load_sibling
 
-
-def _load(name: str):
-    """A sibling file of configs/ (ml-collections loads configs by path, not as a package)."""
-    path = pathlib.Path(__file__).with_name(name)
-    spec = importlib.util.spec_from_file_location(f"agentrl_configs_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-grpo = _load("grpo.py")
+grpo = load_sibling(__file__, "grpo.py")
 AXES = grpo.AXES
 
 

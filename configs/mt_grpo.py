@@ -23,22 +23,9 @@ reasoning → action → observation round (SPEC §1). The turn rewards of App. 
 (docs/training.md, "Open fields").
 """
 
-import importlib.util
-import pathlib
+from agentrl.train.config import base_config, load_sibling
 
-from agentrl.train.config import base_config
-
-
-def _load(name: str):
-    """A sibling file of configs/ (ml-collections loads configs by path, not as a package)."""
-    path = pathlib.Path(__file__).with_name(name)
-    spec = importlib.util.spec_from_file_location(f"agentrl_configs_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-common = _load("common.py")
+common = load_sibling(__file__, "common.py")
 AXES = {"model": ("tiny", "qwen2_5_7b"), "engine": common.ENGINES}
 CHECKPOINTS = {"qwen2_5_7b": "Qwen2.5-7B"}  # App. D.3: Qwen2.5-7B as the base model
 

@@ -34,22 +34,9 @@ The γ ablation of §4.3.1 (0, 0.9, 0.95, 1): `--config.credit.options.gamma=0.9
   (`model.hf_path`) or set `--config.sft.steps`.
 """
 
-import importlib.util
-import pathlib
+from agentrl.train.config import base_config, load_sibling
 
-from agentrl.train.config import base_config
-
-
-def _load(name: str):
-    """A sibling file of configs/ (ml-collections loads configs by path, not as a package)."""
-    path = pathlib.Path(__file__).with_name(name)
-    spec = importlib.util.spec_from_file_location(f"agentrl_configs_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-common = _load("common.py")
+common = load_sibling(__file__, "common.py")
 AXES = {
     "model": ("tiny", "qwen2_5_7b", "qwen3_1_7b"),
     "rule": ("portool", "max", "avg", "mix2"),

@@ -26,22 +26,9 @@ no resampling); engine `jax` | `vllm`. The T / α sweep of Table 5:
   (docs/training.md, "Open fields").
 """
 
-import importlib.util
-import pathlib
+from agentrl.train.config import base_config, load_sibling
 
-from agentrl.train.config import base_config
-
-
-def _load(name: str):
-    """A sibling file of configs/ (ml-collections loads configs by path, not as a package)."""
-    path = pathlib.Path(__file__).with_name(name)
-    spec = importlib.util.spec_from_file_location(f"agentrl_configs_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-common = _load("common.py")
+common = load_sibling(__file__, "common.py")
 AXES = {
     "model": ("tiny", "qwen2_5_3b", "qwen2_5_7b"),
     "transform": ("vspo", "grpo"),

@@ -39,6 +39,7 @@ names the bad field, its value and the fix. Field reference (defaults below):
 * `async_rollout`: `enabled`, `shard_dir`, `max_staleness`, `workers`.
 """
 
+import importlib.util
 import pathlib
 
 import ml_collections
@@ -101,6 +102,20 @@ def base_config() -> ml_collections.ConfigDict:
     c.async_rollout = ml_collections.ConfigDict(dict(enabled=False, shard_dir="",
                                                      max_staleness=2, workers=1))
     return c
+
+
+def load_sibling(config_file: str, name: str):
+    """Loads `name` from the directory of `config_file` as a module.
+
+    ml-collections loads config files by path, not as a package, so a config
+    reaches its siblings (`common.py`, another config) through this:
+    `common = load_sibling(__file__, "common.py")`.
+    """
+    path = pathlib.Path(config_file).with_name(name)
+    spec = importlib.util.spec_from_file_location(f"agentrl_configs_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _error(field: str, value, fix: str) -> ValueError:

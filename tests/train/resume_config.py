@@ -4,15 +4,11 @@
 trainer consumes the shards of `agentrl rollout-worker` processes).
 """
 
-import importlib.util
-import pathlib
+from agentrl.train.config import load_sibling
 
 
 def get_config(arg: str = ""):
-    path = pathlib.Path(__file__).with_name("tiny_config.py")
-    spec = importlib.util.spec_from_file_location("agentrl_tests_tiny_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_sibling(__file__, "tiny_config.py")
     config = module.tiny_base("/tmp/agentrl-resume", steps=4)
     config.train.checkpoint_every = 1
     config.train.eval_every = 2
