@@ -17,6 +17,7 @@ one `jax.jit` (a `lax.scan` over shuffled mini-batches per epoch). Each step:
 import dataclasses
 from typing import Any
 
+import chex
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -68,6 +69,24 @@ class TrainBatch:
     critic_weights: jax.Array | None = None
     critic_targets: jax.Array | None = None
     score_index: jax.Array | None = None
+
+    def assert_shapes(self) -> None:
+        """chex checks of the documented shapes (static; free under jit)."""
+        rows, length = self.tokens.shape
+        chex.assert_shape([self.segment_ids, self.loss_mask, self.step_id, self.advantages,
+                           self.old_logp, self.rollout_logp], (rows, length))
+        chex.assert_shape(self.row_weights, (rows,))
+        for name in ("ref_logp", "returns", "old_values"):
+            if getattr(self, name) is not None:
+                chex.assert_shape(getattr(self, name), (rows, length))
+        if self.critic_positions is not None:
+            chex.assert_rank(self.critic_positions, 2)
+            chex.assert_equal_shape([self.critic_positions, self.critic_weights,
+                                     self.critic_targets])
+            chex.assert_axis_dimension(self.critic_positions, 0, rows)
+        if self.score_index is not None:
+            chex.assert_rank(self.score_index, 2)
+            chex.assert_axis_dimension(self.score_index, 0, rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,8 +306,12 @@ def ppo_update(spec: ModelSpec, loss: LossConfig, txs, state: TrainState, batch:
                epochs: int = 1, num_minibatches: int = 1) -> tuple[TrainState, dict]:
     """`epochs` passes over `num_minibatches` shuffled mini-batches (jit this with static args).
 
+    Args:
+      batch: `TrainBatch` of B rows × T tokens (shapes checked with chex).
+
     Returns the new state and the metrics averaged over all optimizer steps.
     """
+    batch.assert_shapes()
     rows = batch.tokens.shape[0]
     if rows % num_minibatches:
         raise ValueError(f"batch of {rows} rows does not split into num_minibatches="
@@ -308,7 +331,11 @@ def ppo_update(spec: ModelSpec, loss: LossConfig, txs, state: TrainState, batch:
 
 
 def sft_loss(spec: ModelSpec, params, tokens, segment_ids, loss_mask, score_index=None):
-    """Mean negative log-likelihood of the demonstration's assistant tokens."""
+    """Mean negative log-likelihood of the demonstration's assistant tokens.
+
+    `tokens`, `segment_ids`, `loss_mask`: `[B, T]`; `score_index`: `[B, P]` or None.
+    """
+    chex.assert_equal_shape([tokens, segment_ids, loss_mask])
     logp, _, _ = policy_forward(spec, params, tokens, segment_ids, score_index)
     return -losses.aggregate_loss(logp, loss_mask, "token_mean")
 
