@@ -69,11 +69,13 @@ def get_config(arg: str = "tiny"):
         c.optim.actor.learning_rate = 3e-6  # App. A.3: learning rate 3e-6
         c.loss.kl_coef = 0.001  # App. A.3: "KL divergence loss coefficient is set to 0.001"
         c.loss.kl_kind = "k3"  # not stated (verl's low_var_kl)
-        # App. A.2 cold start: 8k dialogues (§4.1), 2 epochs, batch 64, lr 1e-6
-        # (AdamW, cosine, warm-up 0.1: the sft group has no schedule fields).
+        # App. A.2 cold start: 8k dialogues (§4.1), 2 epochs, batch 64, lr 1e-6,
+        # AdamW with a cosine schedule and warm-up ratio 0.1.
         c.sft.steps = 8000 * 2 // 64
         c.sft.batch_size = 64
         c.sft.learning_rate = 1e-6
+        c.sft.schedule = "cosine"
+        c.sft.warmup_steps = c.sft.steps // 10
         c.sft.demonstrations = 8000
     common.engine(c, variant["engine"])
     return c

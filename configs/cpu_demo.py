@@ -5,10 +5,10 @@
 
 A tiny random-init Qwen2-architecture model (3 layers of 128, compact
 vocabulary of the bundled Qwen2.5 tokenizer) on the built-in `arithmetic`
-task: easy one-digit sums it can answer directly, hard three-by-two-digit
-products it must send to the calculator tool. An SFT warm start on the task's
-demonstrations teaches the chat and tool-call format; only half of the hard
-demonstrations call the calculator, so the warm-started policy under-uses it.
+task: easy one-digit sums it can answer directly (30%), hard three-by-two-digit
+products it must send to the calculator tool (70%). An SFT warm start on the
+task's demonstrations teaches the chat and tool-call format; only 35% of the
+hard demonstrations call the calculator, so the warm-started policy under-uses it.
 GRPO with the in-process JaxEngine then learns to call it, and held-out
 success rises well above the SFT starting point (docs/benchmarks.md: 3 seeds,
 wall time on 2 CPU cores).
@@ -29,13 +29,13 @@ DEMO = dict(
     num_hidden_layers=3,
     num_attention_heads=8,   # 8 query / 4 key-value heads of 16: with 4 / 2 heads, some
     num_key_value_heads=4,   # seeds had not learnt to copy the tool result after 600 SFT steps
-    hard_fraction=0.5,       # share of questions that need the calculator
-    demo_tool_rate=0.5,      # share of hard demonstrations that call it (the rest answer
+    hard_fraction=0.7,       # share of questions that need the calculator
+    demo_tool_rate=0.35,     # share of hard demonstrations that call it (the rest answer
                              # directly), so the SFT policy under-uses the tool
     compact_prompt=True,     # short calculator schema in the system prompt
     train_size=2000,         # task instances for RL prompts
     eval_size=100,           # held-out instances for the eval success (greedy)
-    sft_steps=600,           # SFT warm start (format, tool calls, copying the result)
+    sft_steps=900,           # SFT warm start (format, tool calls, copying the result)
     sft_batch_size=32,
     sft_learning_rate=1e-3,
     sft_demonstrations=2048,

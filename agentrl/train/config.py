@@ -32,7 +32,8 @@ names the bad field, its value and the fix. Field reference (defaults below):
 * `train`: `steps`, `ppo_epochs`, `num_minibatches`, `eval_every`,
   `log_every`, `checkpoint_every`, `keep_checkpoints`, `export_hf`.
 * `sft`: cold-start SFT (`steps` 0 disables it), `batch_size`,
-  `learning_rate`, `demonstrations`.
+  `learning_rate`, `warmup_steps`, `schedule` (`constant` | `cosine`: decay
+  to 0 by the last step, as HF's and LLaMA-Factory's cosine), `demonstrations`.
 * `warmup`: CARL critic-only warm-up (`steps` 0 disables it) and its gate
   (SPEC §9.4: `auc` 0.70, `sign_accuracy` 0.60, `explained_variance` 0.45;
   `require_gate`).
@@ -95,6 +96,7 @@ def base_config() -> ml_collections.ConfigDict:
         steps=100, ppo_epochs=1, num_minibatches=1, eval_every=0, log_every=1,
         checkpoint_every=50, keep_checkpoints=3, export_hf=False))
     c.sft = ml_collections.ConfigDict(dict(steps=0, batch_size=16, learning_rate=1e-3,
+                                           warmup_steps=0, schedule="constant",
                                            demonstrations=512))
     c.warmup = ml_collections.ConfigDict(dict(steps=0, auc=0.70, sign_accuracy=0.60,
                                               explained_variance=0.45, require_gate=True,
@@ -172,6 +174,11 @@ def validate(c: ml_collections.ConfigDict) -> None:
          == 0 and c.train.num_minibatches >= 1,
          "make prompts_per_step × group_size a multiple of it"),
         ("sft.steps", c.sft.steps, c.sft.steps >= 0, "use >= 0"),
+        ("sft.warmup_steps", c.sft.warmup_steps,
+         c.sft.warmup_steps >= 0 and (c.sft.steps == 0 or c.sft.warmup_steps < c.sft.steps),
+         "use 0 <= warmup_steps < sft.steps"),
+        ("sft.schedule", c.sft.schedule, c.sft.schedule in ("constant", "cosine"),
+         "use 'constant' or 'cosine'"),
     ]
     for field in ("train_prompts", "eval_prompts"):
         path = c.data[field]

@@ -54,7 +54,13 @@ from agentrl.train.checkpoint import (
 )
 from agentrl.train.metrics import MetricsWriter, ProgressBar, read_metrics
 from agentrl.train.plot import plot_metrics
-from agentrl.train.sft import demonstration_tokens, pack_rows, segment_demonstration_tokens
+from agentrl.train.sft import (
+    bucket_batches,
+    demonstration_tokens,
+    length_buckets,
+    pack_rows,
+    segment_demonstration_tokens,
+)
 from agentrl.train.state import (
     ModelSpec,
     OptimizerConfig,
@@ -302,29 +308,39 @@ class Trainer:
             examples = [demonstration_tokens(self.tokenizer, d.demonstration, d.prompt.tools)
                         for d in demos]
         tokens, segments, mask = pack_rows(examples, self.length)
-        tx = OptimizerConfig(learning_rate=c.sft.learning_rate, clip_norm=1.0).build()
+        lengths = [min(len(ids), self.length) for ids, _ in examples]
+        buckets = length_buckets(lengths, c.sft.batch_size, self.length)
+        decay = c.sft.steps - c.sft.warmup_steps if c.sft.schedule == "cosine" else 0
+        tx = OptimizerConfig(learning_rate=c.sft.learning_rate, warmup_steps=c.sft.warmup_steps,
+                             decay_steps=decay, clip_norm=1.0).build()
         if self.spec.lora.rank > 0:
             tx = lora_only(tx)
         state = TrainState(step=jnp.zeros((), jnp.int32), params=self.state.params,
                            opt_state={"actor": tx.init(self.state.params["policy"])},
                            rng=self.state.rng, skipped=jnp.zeros((), jnp.int32))
         update = jax.jit(functools.partial(sft_update, self.spec, tx))
-        rng = np.random.default_rng(c.seed + 23)
+        batches = bucket_batches(buckets, c.sft.batch_size, c.sft.steps,
+                                 np.random.default_rng(c.seed + 23))
+        # Each batch holds one bucket: normalise by the expected loss tokens of a
+        # batch, not its own count, so every token weighs as in the dataset's mean.
+        norm = jnp.float32(c.sft.batch_size * mask.sum() / max(len(examples), 1))
+        window = max(1, c.sft.steps // 10)  # losses are logged as means over a tenth of the run
         losses = []
         with self._context():
-            for step in range(c.sft.steps):
-                rows = rng.choice(len(tokens), size=c.sft.batch_size, replace=False)
-                state, metrics = update(state, jnp.asarray(tokens[rows]),
-                                        jnp.asarray(segments[rows]), jnp.asarray(mask[rows]),
-                                        jnp.asarray(score_positions(mask[rows])))
+            for step, (length, rows) in enumerate(batches):
+                tokens_b, mask_b = tokens[rows, :length], mask[rows, :length]
+                state, metrics = update(state, jnp.asarray(tokens_b),
+                                        jnp.asarray(segments[rows, :length]), jnp.asarray(mask_b),
+                                        jnp.asarray(score_positions(mask_b)), norm)
                 losses.append(float(metrics["sft_loss"]))
-                if (step + 1) % max(1, c.sft.steps // 10) == 0:
-                    self.log(f"sft step {step + 1}/{c.sft.steps} loss {np.mean(losses[-10:]):.4f}")
+                if (step + 1) % window == 0:
+                    self.log(f"sft step {step + 1}/{c.sft.steps} loss "
+                             f"{np.mean(losses[-window:]):.4f}")
         self.state = self.state.replace(params=state.params)
         self.sync_engine()
         if self.reference is not None:
             self.reference = jax.tree_util.tree_map(jnp.copy, self.state.params)
-        return {"sft_loss": float(np.mean(losses[-10:]))}
+        return {"sft_loss": float(np.mean(losses[-window:]))}
 
     # -- rollouts ----------------------------------------------------------
 

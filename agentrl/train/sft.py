@@ -79,6 +79,54 @@ def pack_rows(examples: Sequence[tuple[np.ndarray, np.ndarray]], length: int
     return tokens, segments, mask
 
 
+def length_buckets(lengths: Sequence[int], batch_size: int, max_length: int, multiple: int = 16
+                   ) -> list[tuple[int, np.ndarray]]:
+    """Groups examples of similar length: `[(padded_length, example indices)]`.
+
+    An example goes to the bucket of its length rounded up to `multiple`
+    (capped at `max_length`); a bucket with fewer than `batch_size` examples
+    joins the next longer one, so every bucket can fill a batch (the longest
+    may hold fewer examples when there are fewer than `batch_size` in all).
+    Padding each batch only to its bucket's length saves the attention's
+    quadratic cost on short examples (HF's `group_by_length`), and the number
+    of compiled shapes stays at the number of buckets.
+    """
+    if batch_size < 1 or max_length < 1 or multiple < 1:
+        raise ValueError(f"batch_size={batch_size}, max_length={max_length} and "
+                         f"multiple={multiple} must all be >= 1.")
+    padded = np.minimum(-(-np.asarray(lengths, np.int64) // multiple) * multiple, max_length)
+    buckets, pending = [], np.zeros((0,), np.int64)
+    for length in np.unique(padded):
+        pending = np.concatenate([pending, np.flatnonzero(padded == length)])
+        if len(pending) >= batch_size:
+            buckets.append((int(length), pending))
+            pending = np.zeros((0,), np.int64)
+    if len(pending):
+        if buckets:  # too few long examples left: they join the longest bucket
+            buckets[-1] = (int(padded[pending].max()), np.concatenate([buckets[-1][1], pending]))
+        else:
+            buckets.append((int(padded[pending].max()), pending))
+    return buckets
+
+
+def bucket_batches(buckets: Sequence[tuple[int, np.ndarray]], batch_size: int, steps: int,
+                   rng: np.random.Generator) -> list[tuple[int, np.ndarray]]:
+    """`steps` batches `(padded_length, indices)`, each from one bucket.
+
+    The bucket is drawn with probability proportional to its size, then
+    `batch_size` of its examples without replacement (all of them when the
+    bucket is smaller), so every example is equally likely to be trained on.
+    """
+    sizes = np.asarray([len(indices) for _, indices in buckets], np.float64)
+    choice = rng.choice(len(buckets), size=steps, p=sizes / sizes.sum())
+    batches = []
+    for b in choice:
+        length, indices = buckets[b]
+        take = min(batch_size, len(indices))
+        batches.append((length, indices[rng.choice(len(indices), size=take, replace=False)]))
+    return batches
+
+
 OUTPUT_BLOCK = re.compile(r"```output\n.*?\n```\n", re.S)
 
 

@@ -35,10 +35,17 @@ VALUE_MODES = ("none", "shared", "separate")
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-    """One channel's optimizer: AdamW with warm-up and global-norm clipping."""
+    """One channel's optimizer: AdamW with warm-up and global-norm clipping.
+
+    `decay_steps > 0` adds a cosine decay from `learning_rate` to
+    `end_factor × learning_rate` over the `decay_steps` after the warm-up
+    (the SFT stage uses it); 0 keeps the rate constant after the warm-up.
+    """
 
     learning_rate: float = 1e-6
     warmup_steps: int = 0
+    decay_steps: int = 0
+    end_factor: float = 0.0
     weight_decay: float = 0.0
     b1: float = 0.9
     b2: float = 0.999
@@ -46,7 +53,11 @@ class OptimizerConfig:
     clip_norm: float | None = 1.0
 
     def build(self) -> optax.GradientTransformation:
-        if self.warmup_steps > 0:
+        if self.decay_steps > 0:
+            schedule = optax.warmup_cosine_decay_schedule(
+                0.0, self.learning_rate, self.warmup_steps,
+                self.warmup_steps + self.decay_steps, self.learning_rate * self.end_factor)
+        elif self.warmup_steps > 0:
             schedule = optax.linear_schedule(0.0, self.learning_rate, self.warmup_steps)
         else:
             schedule = optax.constant_schedule(self.learning_rate)

@@ -330,22 +330,32 @@ def ppo_update(spec: ModelSpec, loss: LossConfig, txs, state: TrainState, batch:
     return state, jax.tree_util.tree_map(jnp.mean, metrics)
 
 
-def sft_loss(spec: ModelSpec, params, tokens, segment_ids, loss_mask, score_index=None):
+def sft_loss(spec: ModelSpec, params, tokens, segment_ids, loss_mask, score_index=None,
+             norm_tokens=None):
     """Mean negative log-likelihood of the demonstration's assistant tokens.
 
     `tokens`, `segment_ids`, `loss_mask`: `[B, T]`; `score_index`: `[B, P]` or None.
+    `norm_tokens` (scalar) divides the batch's summed NLL instead of its own
+    token count: with batches grouped by length, a batch of short examples
+    has fewer loss tokens, and its own count would weight each of its tokens
+    more than a mixed batch does. Passing the expected count of a batch
+    (`B ×` the mean loss tokens per example) keeps every token's weight that
+    of the dataset's token mean.
     """
     chex.assert_equal_shape([tokens, segment_ids, loss_mask])
     logp, _, _ = policy_forward(spec, params, tokens, segment_ids, score_index)
-    return -losses.aggregate_loss(logp, loss_mask, "token_mean")
+    if norm_tokens is None:
+        return -losses.aggregate_loss(logp, loss_mask, "token_mean")
+    return -jnp.sum(jnp.where(loss_mask, logp, 0.0)) / norm_tokens
 
 
 def sft_update(spec: ModelSpec, tx: optax.GradientTransformation, state: TrainState,
-               tokens, segment_ids, loss_mask, score_index=None) -> tuple[TrainState, dict]:
-    """One SFT step on the actor channel (non-finite steps are skipped)."""
+               tokens, segment_ids, loss_mask, score_index=None, norm_tokens=None
+               ) -> tuple[TrainState, dict]:
+    """One SFT step on the actor channel (non-finite steps are skipped; `sft_loss`)."""
     value, grads = jax.value_and_grad(
         lambda p: sft_loss(spec, {**state.params, "policy": p}, tokens, segment_ids, loss_mask,
-                           score_index)
+                           score_index, norm_tokens)
     )(state.params["policy"])
     finite = jnp.isfinite(value) & _finite(grads)
     updates, opt = tx.update(grads, state.opt_state["actor"], state.params["policy"])

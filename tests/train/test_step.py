@@ -11,7 +11,14 @@ from agentrl import parallel
 from agentrl.models.config import model_config
 from agentrl.train.loop import _boxed_state_shardings
 from agentrl.train.state import ModelSpec, OptimizerConfig, build_optimizers, init_train_state
-from agentrl.train.step import LossConfig, TrainBatch, compute_logprobs, ppo_update, sft_update
+from agentrl.train.step import (
+    LossConfig,
+    TrainBatch,
+    compute_logprobs,
+    ppo_update,
+    sft_loss,
+    sft_update,
+)
 
 CONFIG = model_config("tiny", vocab_size=128, hidden_size=32, intermediate_size=64,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
@@ -120,3 +127,34 @@ def test_sft_lowers_the_loss_on_a_fixed_batch():
         state, metrics = update(state, batch.tokens, batch.segment_ids, batch.loss_mask)
         losses.append(float(metrics["sft_loss"]))
     assert losses[-1] < 0.7 * losses[0]
+
+
+def test_sft_loss_with_a_fixed_normaliser_adds_up_across_length_buckets():
+    """Two one-bucket batches normalised by the same count = one mixed batch."""
+    spec = ModelSpec(CONFIG)
+    params = init_train_state(spec, {"actor": OptimizerConfig(1e-3).build()},
+                              jax.random.key(2)).params
+    rng = np.random.default_rng(3)
+    tokens = jnp.asarray(rng.integers(0, 128, (6, 16)))
+    segments = jnp.ones((6, 16), jnp.int32)
+    lengths = np.array([6, 7, 6, 16, 15, 16])  # short rows, then long rows
+    mask = jnp.asarray((np.arange(16)[None] >= 4) & (np.arange(16)[None] < lengths[:, None]))
+    norm = jnp.float32(mask.sum())
+
+    def loss(p, rows, width, norm_tokens):
+        return sft_loss(spec, {"policy": p}, tokens[rows, :width], segments[rows, :width],
+                        mask[rows, :width], None, norm_tokens)
+
+    full, full_grad = jax.value_and_grad(loss)(params["policy"], slice(0, 6), 16, None)
+    assert float(loss(params["policy"], slice(0, 6), 16, norm)) == pytest.approx(float(full))
+    short, short_grad = jax.value_and_grad(loss)(params["policy"], slice(0, 3), 8, norm)
+    long, long_grad = jax.value_and_grad(loss)(params["policy"], slice(3, 6), 16, norm)
+    assert float(short + long) == pytest.approx(float(full), rel=1e-5)
+    summed = jax.tree_util.tree_map(jnp.add, short_grad, long_grad)
+    for a, b in zip(jax.tree_util.tree_leaves(summed), jax.tree_util.tree_leaves(full_grad),
+                    strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    # Each batch's own token mean would weight the short batch's tokens more.
+    own = loss(params["policy"], slice(0, 3), 8, None) + loss(params["policy"], slice(3, 6), 16,
+                                                             None)
+    assert abs(float(own) / 2 - float(full)) > 1e-4
