@@ -22,6 +22,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # about 13 minutes; the suite's default limit is 600 s
 def test_cpu_demo_improves_held_out_success(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
     command = [sys.executable, "-m", "agentrl.cli", "train", "--config",
