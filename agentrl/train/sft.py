@@ -83,6 +83,9 @@ def length_buckets(lengths: Sequence[int], batch_size: int, max_length: int, mul
                    ) -> list[tuple[int, np.ndarray]]:
     """Groups examples of similar length: `[(padded_length, example indices)]`.
 
+    `lengths`: `[N]` token counts; each bucket's indices are an int `[n_b]`
+    array, and the buckets partition `range(N)`, shortest first.
+
     An example goes to the bucket of its length rounded up to `multiple`
     (capped at `max_length`); a bucket with fewer than `batch_size` examples
     joins the next longer one, so every bucket can fill a batch (the longest
@@ -111,7 +114,7 @@ def length_buckets(lengths: Sequence[int], batch_size: int, max_length: int, mul
 
 def bucket_batches(buckets: Sequence[tuple[int, np.ndarray]], batch_size: int, steps: int,
                    rng: np.random.Generator) -> list[tuple[int, np.ndarray]]:
-    """`steps` batches `(padded_length, indices)`, each from one bucket.
+    """`steps` batches `(padded_length, indices [<= batch_size])`, each from one bucket.
 
     The bucket is drawn with probability proportional to its size, then
     `batch_size` of its examples without replacement (all of them when the

@@ -346,6 +346,7 @@ def sft_loss(spec: ModelSpec, params, tokens, segment_ids, loss_mask, score_inde
     logp, _, _ = policy_forward(spec, params, tokens, segment_ids, score_index)
     if norm_tokens is None:
         return -losses.aggregate_loss(logp, loss_mask, "token_mean")
+    chex.assert_rank(norm_tokens, 0)
     return -jnp.sum(jnp.where(loss_mask, logp, 0.0)) / norm_tokens
 
 
